@@ -1,0 +1,70 @@
+"""Model configuration shared by the JAX and PyTorch transformers (imports neither framework)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+SUPPORTED_DTYPES = ("float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """A GPT-2-style pre-LayerNorm causal decoder (Radford et al. 2019; nanoGPT's layout).
+
+    Each block is ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))`` with a tanh-approximated GELU
+    in the MLP. Position embeddings are learned; the output projection is tied to the token
+    embedding (``logits = ln_f(x) @ wte.T``).
+
+    Attributes:
+        vocab_size: number of token ids; ids must lie in ``[0, vocab_size)``.
+        n_layer: number of transformer blocks N (>= 1).
+        d_model: residual-stream width D; divisible by ``n_head``.
+        n_head: number of attention heads H; head size is ``d_model // n_head``.
+        d_ff: hidden width of the MLP (GPT-2 uses ``4 * d_model``).
+        max_seq_len: number of learned positions; inputs may be at most this long.
+        layer_norm_eps: epsilon added to the variance in every LayerNorm.
+        dropout: dropout rate on embeddings, attention probabilities and residual branches,
+            in ``[0, 1)``. Default 0 (deterministic).
+        dtype: parameter and compute dtype, one of ``SUPPORTED_DTYPES``.
+
+    Raises:
+        ValueError: a field is out of range (message names the field and the valid range).
+    """
+
+    vocab_size: int = 256
+    n_layer: int = 8
+    d_model: int = 64
+    n_head: int = 4
+    d_ff: int = 256
+    max_seq_len: int = 64
+    layer_norm_eps: float = 1e-5
+    dropout: float = 0.0
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TransformerConfig.{name} must be an integer >= 1, got {value!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(
+                f"TransformerConfig.d_model ({self.d_model}) must be divisible by n_head "
+                f"({self.n_head}); choose n_head among the divisors of d_model"
+            )
+        if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
+            raise ValueError(f"TransformerConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            raise ValueError(f"TransformerConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(
+                f"TransformerConfig.dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head, ``d_model // n_head``."""
+        return self.d_model // self.n_head
+
+    def replace(self, **changes) -> "TransformerConfig":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,48 @@
+"""The analytic chain model of remat cost (Chen et al. 2016, arXiv:1604.06174, section 4).
+
+The unit is one block's worth of saved activation (Chen et al.'s "one layer"). A segment keeps
+its input (its boundary, 1 unit) until its backward pass is done; a segment that is not
+checkpointed also keeps one unit per block from its forward pass; a checkpointed segment
+recomputes its blocks' units during its backward pass and frees them after it. The peak is the
+largest number of live units at any moment of the step. During the backward pass of segment j
+(0-based, boundaries of segments 0..j still live) it is
+
+    (j + 1) + length_j + (units of the non-checkpointed segments below j),
+
+so for ``s`` equal checkpointed segments the peak is ``s + N/s``, minimal at ``s = sqrt(N)``
+where it equals ``2 * sqrt(N)`` (64 blocks, 8 segments: 16). ``none`` is one segment of N blocks,
+``N + 1`` units. The model cannot see inside a block, so ``full`` (N segments of one block) also
+reads ``N + 1``: per-block savings need a per-tensor account, not this model.
+"""
+
+from __future__ import annotations
+
+from .schedules import Schedule
+
+
+def peak_units(n_layer: int, schedule: Schedule) -> int:
+    """Peak live activation units of one training step under ``schedule`` at depth N.
+
+    Example: ``peak_units(64, segments(8)) == 16``; ``peak_units(64, none) == 65``.
+
+    Raises:
+        ValueError: ``n_layer < 1`` or the schedule is invalid for this depth.
+    """
+    segs = schedule.segments_for(n_layer)
+    kept_below = 0  # units kept from the forward pass by non-checkpointed segments below j
+    peak = 0
+    for j, seg in enumerate(segs):
+        peak = max(peak, (j + 1) + seg.length + kept_below)
+        if not seg.checkpointed:
+            kept_below += seg.length
+    return max(peak, len(segs) + kept_below)  # the end of the forward pass
+
+
+def recomputed_blocks(n_layer: int, schedule: Schedule) -> int:
+    """Block forwards recomputed per training step: the blocks of every checkpointed segment."""
+    return sum(s.length for s in schedule.segments_for(n_layer) if s.checkpointed)
+
+
+def stored_boundaries(n_layer: int, schedule: Schedule) -> int:
+    """Segment inputs kept through the forward pass (one per segment)."""
+    return len(schedule.segments_for(n_layer))

@@ -1,0 +1,80 @@
+"""The canonical parameter layout both frameworks convert to and from (numpy only).
+
+Names follow GPT-2 / nanoGPT. Per-block tensors are stacked on a leading layer axis of size N
+(``h.*``). Matrices are stored ``(in_features, out_features)`` as GPT-2's ``Conv1D`` does, so a
+projection is ``x @ W + b``; the PyTorch side transposes to ``nn.Linear``'s ``(out, in)``.
+Transposes and copies are exact, so conversion round trips are bitwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import TransformerConfig
+
+
+def param_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter, in a fixed order (embeddings, stacked blocks, final norm)."""
+    L, D, F, V, T = cfg.n_layer, cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.max_seq_len
+    return {
+        "wte": (V, D),
+        "wpe": (T, D),
+        "h.ln_1.weight": (L, D),
+        "h.ln_1.bias": (L, D),
+        "h.attn.c_attn.weight": (L, D, 3 * D),
+        "h.attn.c_attn.bias": (L, 3 * D),
+        "h.attn.c_proj.weight": (L, D, D),
+        "h.attn.c_proj.bias": (L, D),
+        "h.ln_2.weight": (L, D),
+        "h.ln_2.bias": (L, D),
+        "h.mlp.c_fc.weight": (L, D, F),
+        "h.mlp.c_fc.bias": (L, F),
+        "h.mlp.c_proj.weight": (L, F, D),
+        "h.mlp.c_proj.bias": (L, D),
+        "ln_f.weight": (D,),
+        "ln_f.bias": (D,),
+    }
+
+
+BLOCK_PARAM_NAMES = tuple(n for n in param_shapes(TransformerConfig(n_layer=1)) if n.startswith("h."))
+
+
+def init_params(cfg: TransformerConfig, seed: int = 0, perturb: bool = True) -> dict[str, np.ndarray]:
+    """GPT-2 initialisation in numpy: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2N).
+
+    Args:
+        cfg: model configuration; arrays come out in ``cfg.dtype``.
+        seed: seed of ``numpy.random.default_rng``.
+        perturb: if True, biases get N(0, 0.02) and LayerNorm gains ``1 + N(0, 0.02)`` instead of
+            GPT-2's zeros and ones, so that every parameter carries a distinct, checkable gradient.
+
+    Returns:
+        name -> array with the shapes of :func:`param_shapes`.
+    """
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    resid_std = 0.02 / np.sqrt(2 * cfg.n_layer)
+    for name, shape in param_shapes(cfg).items():
+        if name.endswith("bias"):
+            arr = rng.normal(0.0, 0.02, shape) if perturb else np.zeros(shape)
+        elif ".ln_" in name or name.startswith("ln_f"):
+            arr = 1.0 + rng.normal(0.0, 0.02, shape) if perturb else np.ones(shape)
+        elif name.endswith("c_proj.weight"):
+            arr = rng.normal(0.0, resid_std, shape)
+        else:
+            arr = rng.normal(0.0, 0.02, shape)
+        out[name] = np.ascontiguousarray(arr.astype(cfg.dtype))
+    return out
+
+
+def check_params(cfg: TransformerConfig, params: dict[str, np.ndarray]) -> None:
+    """Raise ValueError naming the key when a parameter is missing, unexpected or mis-shaped."""
+    shapes = param_shapes(cfg)
+    missing = [k for k in shapes if k not in params]
+    unexpected = [k for k in params if k not in shapes]
+    if missing or unexpected:
+        raise ValueError(f"parameter keys differ from the layout: missing {missing}, unexpected {unexpected}")
+    for k, shape in shapes.items():
+        got = tuple(np.shape(params[k]))
+        if got != shape:
+            raise ValueError(f"parameter {k!r}: expected shape {shape}, got {got}")

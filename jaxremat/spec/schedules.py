@@ -1,0 +1,194 @@
+"""Rematerialization schedules over a chain of N blocks, declared once for both frameworks.
+
+A schedule says which block inputs survive the forward pass. It is a frozen, hashable value that
+knows nothing of JAX or PyTorch; :meth:`Schedule.segments_for` resolves it, for a depth N, into
+contiguous :class:`Segment` s. A *checkpointed* segment keeps only its input (the boundary) during
+the forward pass and recomputes its interior during the backward pass; a segment that is not
+checkpointed keeps everything, as without remat.
+
+Source: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174;
+PyTorch's ``torch.utils.checkpoint.checkpoint_sequential`` for the ``segments(s)`` split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Union
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Blocks ``[start, stop)`` of the stack, recomputed in the backward pass when ``checkpointed``."""
+
+    start: int
+    stop: int
+    checkpointed: bool
+
+    @property
+    def length(self) -> int:
+        """Number of blocks in the segment."""
+        return self.stop - self.start
+
+
+def _check_int(name: str, value, low: int, high: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer >= {low}{high}, got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{name} must be an integer >= {low}{high}, got {value}")
+
+
+def _check_depth(n_layer) -> None:
+    _check_int("n_layer", n_layer, 1)
+
+
+def _uniform(n_layer: int, k: int, checkpointed: bool = True) -> tuple[Segment, ...]:
+    """Segments of ``k`` blocks from the bottom up; the last one holds the remainder ``N mod k``."""
+    return tuple(Segment(a, min(a + k, n_layer), checkpointed) for a in range(0, n_layer, k))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoRemat:
+    """``none``: store every activation; nothing is recomputed. One segment, not checkpointed."""
+
+    name = "none"
+
+    def segments_for(self, n_layer: int) -> tuple[Segment, ...]:
+        _check_depth(n_layer)
+        return (Segment(0, n_layer, False),)
+
+
+@dataclasses.dataclass(frozen=True)
+class Full:
+    """``full``: checkpoint every block (``every_k(1)``): N segments of one block each."""
+
+    name = "full"
+
+    def segments_for(self, n_layer: int) -> tuple[Segment, ...]:
+        _check_depth(n_layer)
+        return _uniform(n_layer, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class EveryK:
+    """``every_k(k)``: checkpointed segments of ``k`` blocks from the bottom of the stack.
+
+    Rounding: ``ceil(N / k)`` segments; when ``k`` does not divide N the last (top) segment holds
+    the remaining ``N mod k`` blocks. ``k >= N`` gives a single checkpointed segment of N blocks.
+
+    Raises:
+        ValueError: ``k`` is not an integer >= 1.
+    """
+
+    k: int
+
+    def __post_init__(self) -> None:
+        _check_int("every_k: k (blocks per segment)", self.k, 1)
+
+    @property
+    def name(self) -> str:
+        return f"every_k({self.k})"
+
+    def segments_for(self, n_layer: int) -> tuple[Segment, ...]:
+        _check_depth(n_layer)
+        return _uniform(n_layer, self.k)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """``segments(s)``: ``s`` contiguous segments split exactly as ``checkpoint_sequential`` does.
+
+    Rounding (PyTorch ``torch.utils.checkpoint.checkpoint_sequential``): the first ``s - 1``
+    segments hold ``floor(N / s)`` blocks each and are checkpointed; the last segment holds the
+    remaining ``N - (s - 1) * floor(N / s)`` blocks and is *not* checkpointed, since its backward
+    pass starts right after its forward pass. ``segments(1)`` therefore equals ``none``.
+
+    Raises:
+        ValueError: ``s`` is not an integer >= 1 (at construction), or ``s > N`` (when resolved).
+    """
+
+    s: int
+
+    def __post_init__(self) -> None:
+        _check_int("segments: s (number of segments)", self.s, 1, " and <= n_layer")
+
+    @property
+    def name(self) -> str:
+        return f"segments({self.s})"
+
+    def segments_for(self, n_layer: int) -> tuple[Segment, ...]:
+        _check_depth(n_layer)
+        if self.s > n_layer:
+            raise ValueError(
+                f"segments: s (number of segments) must be in [1, n_layer] = [1, {n_layer}], got {self.s}"
+            )
+        size = n_layer // self.s
+        out = [Segment(i * size, (i + 1) * size, True) for i in range(self.s - 1)]
+        out.append(Segment((self.s - 1) * size, n_layer, False))
+        return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sqrt:
+    """``sqrt``: ``segments(s)`` with ``s = max(1, round(sqrt(N)))`` (Chen et al. 2016).
+
+    Rounding: ``round`` to the nearest integer (``sqrt(N)`` is never exactly half-way for an
+    integer N), then split as :class:`Segments` does. N = 64 gives 8 segments of 8 blocks.
+    """
+
+    name = "sqrt"
+
+    @staticmethod
+    def n_segments(n_layer: int) -> int:
+        """Number of segments ``max(1, round(sqrt(n_layer)))``."""
+        _check_depth(n_layer)
+        return max(1, round(math.sqrt(n_layer)))
+
+    def segments_for(self, n_layer: int) -> tuple[Segment, ...]:
+        return Segments(self.n_segments(n_layer)).segments_for(n_layer)
+
+
+Schedule = Union[NoRemat, Full, EveryK, Segments, Sqrt]
+
+none = NoRemat()
+full = Full()
+sqrt = Sqrt()
+
+
+def every_k(k: int) -> EveryK:
+    """Checkpointed segments of ``k`` blocks; see :class:`EveryK`."""
+    return EveryK(k)
+
+
+def segments(s: int) -> Segments:
+    """``s`` segments as ``checkpoint_sequential`` splits them; see :class:`Segments`."""
+    return Segments(s)
+
+
+SCHEDULE_NAMES = ("none", "full", "every_k(K)", "sqrt", "segments(S)")
+DEFAULT_SCHEDULES = ("none", "full", "every_k(2)", "sqrt", "segments(4)")
+
+
+def parse_schedule(text: str) -> Schedule:
+    """Parse a schedule name such as ``"none"``, ``"every_k(2)"`` or ``"segments(4)"``.
+
+    Raises:
+        ValueError: the name is unknown (the message lists the valid names) or its parameter is
+            not a valid integer.
+    """
+    t = str(text).strip().replace(" ", "")
+    if t == "none":
+        return none
+    if t == "full":
+        return full
+    if t == "sqrt":
+        return sqrt
+    for prefix, make in (("every_k(", every_k), ("segments(", segments)):
+        if t.startswith(prefix) and t.endswith(")"):
+            arg = t[len(prefix):-1]
+            try:
+                value = int(arg)
+            except ValueError:
+                raise ValueError(f"schedule {text!r}: parameter {arg!r} is not an integer") from None
+            return make(value)
+    raise ValueError(f"unknown schedule {text!r}; valid schedules: {', '.join(SCHEDULE_NAMES)}")

@@ -1,0 +1,7 @@
+"""``python -m parity``: see :mod:`parity.cli`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,138 @@
+"""Command line of the parity harness: ``python -m parity run``.
+
+Exit codes: 0 every check passed; 1 a parity check failed or a case errored; 2 bad input
+(options, output directory); 130 interrupted (the finished cases are in the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from jaxremat.spec import DEFAULT_SCHEDULES, SCHEDULE_NAMES, SUPPORTED_DTYPES
+
+from .models import PRESETS, get_preset
+
+SUITES = ("quick",)
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m parity",
+        description="Rematerialization parity between JAX/Flax and PyTorch: gradients and trained weights of "
+        "every remat schedule against no remat, byte for byte, in each framework; the two frameworks "
+        "compared within a tolerance table; saved-activation and peak memory beside the analytic model.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run the parity suite and write report.json and report.md",
+                         description="Run the parity suite and write report.json / report.md into --out.")
+    run.add_argument("--suite", default="quick", choices=SUITES,
+                     help="which cases to run: 'quick' = the model's segment schedules, float32 by default (default: quick)")
+    run.add_argument("--model", default="gpt-small",
+                     help="model preset: " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
+    run.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
+                     help=f"comma-separated schedules to check against 'none' (forms: {', '.join(SCHEDULE_NAMES)}); "
+                     f"default: {','.join(DEFAULT_SCHEDULES)}")
+    run.add_argument("--dtype", default="float32",
+                     help=f"comma-separated dtypes among {', '.join(SUPPORTED_DTYPES)} (default: float32)")
+    run.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
+    run.add_argument("--out", default="parity-report", type=Path,
+                     help="output directory for report.json and report.md (default: parity-report/); a previous "
+                     "report there is moved to previous/<timestamp>/ unless --overwrite")
+    run.add_argument("--overwrite", action="store_true", help="replace a previous report in --out instead of keeping it")
+    run.add_argument("--repeats", type=int, default=5, help="timed training steps per case, median reported (default: 5)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the weights and token windows (default: 0)")
+    run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    return parser
+
+
+def _suite_from_args(args):
+    from jaxremat.spec import parse_schedule
+
+    from .suite import SuiteConfig
+
+    preset = get_preset(args.model)
+    dtypes = _split(args.dtype)
+    bad = [d for d in dtypes if d not in SUPPORTED_DTYPES]
+    if bad or not dtypes:
+        raise ValueError(f"--dtype: unknown dtype {bad or args.dtype!r}; valid: {', '.join(SUPPORTED_DTYPES)}")
+    frameworks = _split(args.frameworks)
+    badf = [f for f in frameworks if f not in ("jax", "torch")]
+    if badf or not frameworks:
+        raise ValueError(f"--frameworks: unknown framework {badf or args.frameworks!r}; valid: jax, torch")
+    schedules = _split(args.schedules)
+    if not schedules:
+        raise ValueError(f"--schedules is empty; valid forms: {', '.join(SCHEDULE_NAMES)}")
+    for s in schedules:
+        parse_schedule(s)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    suite = SuiteConfig(name=args.suite, preset=preset, schedules=schedules, dtypes=dtypes,
+                        frameworks=frameworks, timing_repeats=args.repeats, seed=args.seed)
+    suite.schedule_objects()  # validates schedule parameters against the model depth
+    return suite
+
+
+def cmd_run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .report import OutputDirError, prepare_out_dir, print_tables, write_report
+    from .suite import FRAMEWORK_MODES, report_passed, run_suite
+
+    console = Console(stderr=True)
+    try:
+        suite = _suite_from_args(args)
+        kept = prepare_out_dir(args.out, args.overwrite)
+    except (ValueError, OutputDirError) as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return 2
+    if kept:
+        console.print(kept)
+    n_modes = sum(1 for f, _ in FRAMEWORK_MODES if f in suite.frameworks)
+    total = len(suite.dtypes) * n_modes * len(suite.schedule_objects())
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), console=console, disable=args.no_progress, transient=True)
+    with progress:
+        task = progress.add_task("starting", total=total)
+
+        def on_start(label: str) -> None:
+            progress.update(task, description=label)
+
+        def on_case(case: dict) -> None:
+            progress.advance(task)
+
+        try:
+            report = run_suite(suite, on_case=on_case, on_start=on_start,
+                               on_partial=lambda r: write_report({**r, "complete": False}, args.out))
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted[/]: the report in {args.out} holds the finished cases")
+            return 130
+    report["complete"] = True
+    paths = write_report(report, args.out)
+    print_tables(report)
+    console.print("wrote " + ", ".join(str(p) for p in paths))
+    if report_passed(report):
+        console.print("[green]all parity checks passed[/]")
+        return 0
+    console.print("[bold red]parity checks failed[/] (see the report's failed checks and errors)")
+    return 1
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return cmd_run(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Writing the parity report: ``report.json`` (schema 1), ``report.md`` and a terminal table (rich).
+
+Files are written atomically (temporary file + ``os.replace``), so an interrupted run never leaves
+a half-written report. A previous report in the output directory is kept: it is moved to
+``previous/<UTC timestamp>/`` unless ``overwrite`` is set.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPORT_FILES = ("report.json", "report.md")
+
+
+class OutputDirError(Exception):
+    """The output directory cannot be used (not a directory, not writable)."""
+
+
+def prepare_out_dir(out: Path, overwrite: bool) -> str | None:
+    """Create ``out`` if needed and keep a previous report; return a message about what was kept.
+
+    Raises:
+        OutputDirError: ``out`` exists and is not a directory, or cannot be written.
+    """
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"output path {out} exists and is not a directory; pass another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-", delete=True)
+        probe.close()
+    except OSError as exc:
+        raise OutputDirError(f"cannot write to output directory {out}: {exc.strerror or exc}; pass a writable --out") from None
+    existing = [f for f in REPORT_FILES if (out / f).exists()]
+    if not existing or overwrite:
+        return None
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    keep = out / "previous" / stamp
+    keep.mkdir(parents=True)
+    for f in existing:
+        shutil.move(str(out / f), str(keep / f))
+    return f"previous report kept in {keep} (use --overwrite to replace it instead)"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _fmt_ratio(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _bit(x) -> str:
+    return "-" if x is None else ("yes" if x else "NO")
+
+
+CASE_COLUMNS = ("framework", "mode", "dtype", "schedule", "status", "grads bitwise", "weights bitwise",
+                "reverse loop", "max ULP", "saved", "saved/none", "peak", "peak/none", "units/none",
+                "recomputed", "step ms", "time/none")
+
+
+def case_row(c: dict) -> list[str]:
+    """One report case as display strings, in :data:`CASE_COLUMNS` order."""
+    return [
+        c["framework"], c["mode"], c["dtype"], c["schedule"], c["status"],
+        _bit(c["grads_bitwise_equal"]), _bit(c["weights_bitwise_equal"]), _bit(c["reverse_loop_bitwise_equal"]),
+        "-" if c["max_ulp"] is None else str(c["max_ulp"]),
+        _fmt_bytes(c["residual_bytes"]), _fmt_ratio(c["residual_ratio"]),
+        _fmt_bytes(c["peak_bytes"]), _fmt_ratio(c["peak_ratio"]), _fmt_ratio(c["predicted_unit_ratio"]),
+        str(c["recomputed_blocks"]),
+        "-" if c["step_time_s"] is None else f"{1e3 * c['step_time_s']:.1f}", _fmt_ratio(c["time_overhead"]),
+    ]
+
+
+CROSS_COLUMNS = ("dtype", "schedule", "rel err loss", "rel err grads", "tolerance", "ok")
+
+
+def cross_row(x: dict) -> list[str]:
+    """One cross-framework comparison as display strings, in :data:`CROSS_COLUMNS` order."""
+    f = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
+    return [x["dtype"], x["schedule"], f(x["max_rel_err_loss"]), f(x["max_rel_err_grads"]),
+            f"{x['tolerance']:.0e}", "yes" if x["ok"] else "NO"]
+
+
+def print_tables(report: dict, console: Console | None = None) -> None:
+    """Print the case table and the cross-framework table to the terminal."""
+    console = console or Console()
+    t = Table(title=f"parity: {report['model']} ({report['suite']} suite)", show_lines=False)
+    for col in CASE_COLUMNS:
+        t.add_column(col, justify="right" if col not in ("framework", "mode", "dtype", "schedule", "status") else "left")
+    for c in report["cases"]:
+        style = {"pass": None, "fail": "red", "error": "bold red"}.get(c["status"])
+        t.add_row(*case_row(c), style=style)
+    console.print(t)
+    if report["cross_framework"]:
+        x = Table(title="JAX vs PyTorch (same weights and tokens)")
+        for col in CROSS_COLUMNS:
+            x.add_column(col)
+        for row in report["cross_framework"]:
+            x.add_row(*cross_row(row), style=None if row["ok"] else "red")
+        console.print(x)
+    for c in report["cases"]:
+        if c["status"] == "error":
+            console.print(f"[bold red]error[/] {c['framework']}/{c['mode']} {c['dtype']} {c['schedule']}: {c['error']}")
+
+
+def _md_table(columns, rows) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown(report: dict) -> str:
+    """The report as Markdown: settings, the case table, the cross-framework table, errors."""
+    cfg = report.get("config") or {}
+    parts = [
+        f"# Parity report: {report['model']} ({report['suite']} suite)",
+        "",
+        f"Model: {cfg.get('n_layer')} layers, d_model {cfg.get('d_model')}, {cfg.get('n_head')} heads, "
+        f"d_ff {cfg.get('d_ff')}; batch {report['batch_size']} x {report['seq_len']} byte tokens of the bundled "
+        f"public-domain corpus; AdamW {report['hparams']['steps']} steps; seed {report['seed']}.",
+        "",
+        "Each case compares one schedule with `none` in the same framework and mode, byte for byte "
+        "(the `none` row compares two runs of itself). `saved` = activation bytes kept for the backward "
+        "pass (parameters excluded); `peak` = peak bytes of one training step (source per case in "
+        "report.json); `units/none` = the chain model's peak units (segments + longest segment) over "
+        "`none`'s; `time/none` = median step time over `none`'s.",
+        "",
+        _md_table(CASE_COLUMNS, [case_row(c) for c in report["cases"]]),
+        "",
+    ]
+    if report["cross_framework"]:
+        parts += ["## JAX vs PyTorch", "", _md_table(CROSS_COLUMNS, [cross_row(x) for x in report["cross_framework"]]), ""]
+        seen = {}
+        for x in report["cross_framework"]:
+            seen[x["dtype"]] = x["tolerance_reason"]
+        parts += [f"- **{d}**: {r}" for d, r in seen.items()] + [""]
+    errors = [c for c in report["cases"] if c["status"] == "error"]
+    if errors:
+        parts += ["## Errors", ""] + [f"- {c['framework']}/{c['mode']} {c['dtype']} {c['schedule']}: `{c['error']}`" for c in errors] + [""]
+    fails = [c for c in report["cases"] if c["status"] == "fail"]
+    if fails:
+        parts += ["## Failed checks", ""] + [
+            f"- {c['framework']}/{c['mode']} {c['dtype']} {c['schedule']}: max ULP {c['max_ulp']}, "
+            f"max abs diff {c['max_abs_diff']:.3e}, differing: {', '.join(c['mismatched']) or 'trained weights/reverse loop'}"
+            for c in fails
+        ] + [""]
+    return "\n".join(parts)
+
+
+def write_report(report: dict, out: Path) -> list[Path]:
+    """Write ``report.json`` and ``report.md`` into ``out`` atomically; return their paths."""
+    paths = [out / "report.json", out / "report.md"]
+    _atomic_write(paths[0], json.dumps(report, indent=2, sort_keys=False, default=float) + "\n")
+    _atomic_write(paths[1], markdown(report))
+    return paths

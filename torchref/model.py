@@ -1,0 +1,272 @@
+"""The GPT-2-style transformer in PyTorch, the reference for ``jaxremat.model``.
+
+Single-device model code only: no remat schedule lives here. Schedules are applied from outside
+by :mod:`torchref.render`, which runs ``GPT.embed`` -> the blocks of ``GPT.blocks`` -> ``GPT.head``.
+
+Layout and names follow karpathy/nanoGPT ``model.py`` (GPT-2 names: ``wte``, ``wpe``, ``ln_1``,
+``attn.c_attn``, ``attn.c_proj``, ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``, ``ln_f``). Attention is
+written out op by op (no ``scaled_dot_product_attention``) so that every op has a counterpart in
+the JAX model and the same tensors are saved for the backward pass on both sides.
+
+Shape letters: B batch, T sequence length, D ``d_model``, H ``n_head``, hd ``head_dim``,
+F ``d_ff``, V ``vocab_size``, N ``n_layer``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from jaxremat.spec import TransformerConfig, check_params, param_shapes
+
+
+def torch_dtype(cfg: TransformerConfig) -> torch.dtype:
+    """The torch dtype of ``cfg.dtype`` (``torch.float32`` or ``torch.float64``)."""
+    return getattr(torch, cfg.dtype)
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout`` when it can change anything; the identity (no RNG draw, no saved mask) otherwise."""
+    return F.dropout(x, p, training=True) if (training and p > 0.0) else x
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention, written explicitly (GPT-2 / nanoGPT).
+
+    Args:
+        cfg: model configuration; parameters are created in ``cfg.dtype``.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        dtype = torch_dtype(cfg)
+        self.n_head = cfg.n_head
+        self.head_dim = cfg.head_dim
+        self.dropout = cfg.dropout
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, dtype=dtype)  # weight (3D, D)
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, dtype=dtype)  # weight (D, D)
+        mask = torch.ones(cfg.max_seq_len, cfg.max_seq_len, dtype=torch.bool).tril()
+        # A constant, not an activation: memory accounting excludes buffers with parameters.
+        self.register_buffer("causal_mask", mask, persistent=False)  # (T_max, T_max) bool
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Attention output before the residual add.
+
+        Args:
+            h: ``(B, T, D)`` normalised residual stream, in the parameter dtype.
+
+        Returns:
+            ``(B, T, D)``: ``dropout(y @ W_proj + b_proj)``.
+        """
+        B, T, D = h.shape
+        qkv = self.c_attn(h)  # (B, T, 3D)
+        q, k, v = qkv.split(D, dim=-1)  # 3 x (B, T, D)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, H, T, T)
+        scores = scores.masked_fill(~self.causal_mask[:T, :T], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        probs = _dropout(probs, self.dropout, self.training)
+        y = probs @ v  # (B, H, T, hd)
+        y = y.transpose(1, 2).contiguous().view(B, T, D)
+        return _dropout(self.c_proj(y), self.dropout, self.training)
+
+
+class MLP(nn.Module):
+    """``dropout(gelu_tanh(h @ W_fc + b_fc) @ W_p2 + b_p2)`` (GPT-2's tanh-approximated GELU)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        dtype = torch_dtype(cfg)
+        self.dropout = cfg.dropout
+        self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff, dtype=dtype)  # weight (F, D)
+        self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model, dtype=dtype)  # weight (D, F)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """``(B, T, D) -> (B, T, D)``."""
+        m = F.gelu(self.c_fc(h), approximate="tanh")  # (B, T, F)
+        return _dropout(self.c_proj(m), self.dropout, self.training)
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        dtype = torch_dtype(cfg)
+        self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, dtype=dtype)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, dtype=dtype)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, T, D) -> (B, T, D)`` residual stream, same dtype."""
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+def split_tokens(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token inputs and targets from a ``(B, T+1)`` integer batch.
+
+    Returns:
+        ``(inputs, targets)``, both ``(B, T)`` int64: ``tokens[:, :-1]`` and ``tokens[:, 1:]``.
+
+    Raises:
+        ValueError: ``tokens`` is not rank 2, not integer, or has fewer than 2 columns.
+    """
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must have shape (B, T+1), got rank {tokens.dim()} shape {tuple(tokens.shape)}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must be an integer tensor, got {tokens.dtype}")
+    if tokens.shape[1] < 2:
+        raise ValueError(f"tokens need at least 2 columns (T+1 >= 2), got shape {tuple(tokens.shape)}")
+    tokens = tokens.long()
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: ``(B, T, V)`` logits, ``(B, T)`` int64 targets -> 0-d tensor."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class GPT(nn.Module):
+    """GPT-2-style causal language model with tied input/output embeddings.
+
+    ``forward(idx)`` runs ``embed`` -> every block plainly (no remat) -> ``head``. To run under a
+    remat schedule use :func:`torchref.render.model_loss`.
+
+    Args:
+        cfg: model configuration; all parameters are created in ``cfg.dtype`` with torch's default
+            initialisation (load real weights with :meth:`from_params`).
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        dtype = torch_dtype(cfg)
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model, dtype=dtype)  # (V, D)
+        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model, dtype=dtype)  # (T_max, D)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, dtype=dtype)
+
+    def check_inputs(self, idx: torch.Tensor) -> None:
+        """Raise ValueError unless ``idx`` is a ``(B, T)`` integer tensor of valid ids, ``T <= max_seq_len``."""
+        cfg = self.cfg
+        if idx.dim() != 2:
+            raise ValueError(f"token ids must have shape (B, T), got rank {idx.dim()} shape {tuple(idx.shape)}")
+        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+            raise ValueError(f"token ids must be an integer tensor, got {idx.dtype}")
+        if idx.shape[1] > cfg.max_seq_len:
+            raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq_len={cfg.max_seq_len}")
+        if idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= cfg.vocab_size:
+                raise ValueError(f"token ids must lie in [0, vocab_size={cfg.vocab_size}), got min {lo} max {hi}")
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """``x = dropout(wte[idx] + wpe[:T])``: ``(B, T)`` int ids -> ``(B, T, D)`` in ``cfg.dtype``.
+
+        Raises:
+            ValueError: see :meth:`check_inputs`.
+        """
+        self.check_inputs(idx)
+        x = self.wte(idx.long()) + self.wpe.weight[: idx.shape[1]]  # (B, T, D)
+        return _dropout(x, self.cfg.dropout, self.training)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """``logits = ln_f(x) @ wte.T``: ``(B, T, D) -> (B, T, V)``."""
+        return self.ln_f(x) @ self.wte.weight.t()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, T, V)`` for ``(B, T)`` token ids, every block run plainly (no remat)."""
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy (0-d, ``cfg.dtype``) of a ``(B, T+1)`` batch, no remat."""
+        inputs, targets = split_tokens(tokens)
+        return lm_loss(self(inputs), targets)
+
+    # ----------------------------------------------------------------- canonical layout
+    def _canonical_tensors(self, key: str) -> tuple[list[nn.Parameter], bool]:
+        """Parameters behind a canonical key (one per layer for ``h.*``) and whether to transpose."""
+        if key == "wte":
+            return [self.wte.weight], False
+        if key == "wpe":
+            return [self.wpe.weight], False
+        if key.startswith("ln_f."):
+            return [getattr(self.ln_f, key.split(".")[1])], False
+        path = key.split(".")[1:]  # e.g. ["attn", "c_attn", "weight"]
+        owners = []
+        for block in self.blocks:
+            owner = block
+            for name in path[:-1]:
+                owner = getattr(owner, name)
+            owners.append(owner)
+        linear = isinstance(owners[0], nn.Linear) and path[-1] == "weight"
+        return [getattr(o, path[-1]) for o in owners], linear
+
+    @classmethod
+    def from_params(cls, cfg: TransformerConfig, params: dict[str, np.ndarray]) -> "GPT":
+        """Build a model holding exact copies of canonical parameters.
+
+        Args:
+            cfg: model configuration.
+            params: canonical layout of :func:`jaxremat.spec.param_shapes` (per-block tensors stacked
+                on a leading layer axis, matrices ``(in, out)``), every array in ``cfg.dtype``.
+
+        Returns:
+            A ``GPT`` in training mode whose ``nn.Linear`` weights are the transposed ``(out, in)``
+            matrices; the copy is bitwise (:meth:`to_params` gives the inputs back exactly).
+
+        Raises:
+            ValueError: a key is missing/unexpected or mis-shaped (``check_params``), or an array's
+                dtype is not ``cfg.dtype``.
+        """
+        check_params(cfg, params)
+        for key, arr in params.items():
+            if np.asarray(arr).dtype != np.dtype(cfg.dtype):
+                raise ValueError(f"parameter {key!r}: expected dtype {cfg.dtype}, got {np.asarray(arr).dtype}")
+        model = cls(cfg)
+        with torch.no_grad():
+            for key in param_shapes(cfg):
+                tensors, transpose = model._canonical_tensors(key)
+                arr = np.asarray(params[key])
+                slices = [arr] if len(tensors) == 1 and not key.startswith("h.") else list(arr)
+                for t, a in zip(tensors, slices, strict=True):
+                    src = torch.from_numpy(np.ascontiguousarray(a))
+                    t.copy_(src.t() if transpose else src)
+        return model
+
+    def to_params(self, *, grads: bool = False) -> dict[str, np.ndarray]:
+        """Parameters (or their ``.grad``) as exact numpy copies in the canonical layout.
+
+        Args:
+            grads: if True, convert each parameter's ``.grad`` instead of the parameter.
+
+        Returns:
+            name -> C-contiguous array of :func:`jaxremat.spec.param_shapes`, in ``cfg.dtype``.
+
+        Raises:
+            ValueError: ``grads=True`` and some parameter has no gradient (run a backward first).
+        """
+        out: dict[str, np.ndarray] = {}
+        for key in param_shapes(self.cfg):
+            tensors, transpose = self._canonical_tensors(key)
+            arrays = []
+            for t in tensors:
+                value = t.grad if grads else t
+                if value is None:
+                    raise ValueError(f"parameter {key!r} has no gradient; run a backward pass first")
+                value = value.detach().cpu()
+                arrays.append((value.t() if transpose else value).numpy())
+            stacked = np.stack(arrays) if key.startswith("h.") else arrays[0]
+            out[key] = np.array(stacked, copy=True, order="C")
+        return out
