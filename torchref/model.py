@@ -234,14 +234,15 @@ class GPT(nn.Module):
         for key, arr in params.items():
             if np.asarray(arr).dtype != np.dtype(cfg.dtype):
                 raise ValueError(f"parameter {key!r}: expected dtype {cfg.dtype}, got {np.asarray(arr).dtype}")
-        model = cls(cfg)
+        with torch.random.fork_rng(devices=[]):  # default init must not advance the global RNG
+            model = cls(cfg)
         with torch.no_grad():
             for key in param_shapes(cfg):
                 tensors, transpose = model._canonical_tensors(key)
                 arr = np.asarray(params[key])
                 slices = [arr] if len(tensors) == 1 and not key.startswith("h.") else list(arr)
                 for t, a in zip(tensors, slices, strict=True):
-                    src = torch.from_numpy(np.ascontiguousarray(a))
+                    src = torch.from_numpy(np.array(a, order="C", copy=True))  # writable copy
                     t.copy_(src.t() if transpose else src)
         return model
 

@@ -1,0 +1,127 @@
+"""The PyTorch side of the parity harness: one schedule, one batch, every measurement.
+
+:func:`run_schedule` is the uniform entry point the harness calls for the torch reference (eager
+mode). Every measurement starts from a fresh model built from the same canonical parameters, so
+that no measurement disturbs another (the timed steps and the peak step train their own copies).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig
+from torchref.memory import SavedActivationRecorder, peak_step_bytes
+from torchref.model import GPT
+from torchref.render import model_loss
+from torchref.reverse_loop import reverse_segment_loop
+
+
+def _adamw(model: GPT, hparams: AdamWConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        model.parameters(), lr=hparams.learning_rate, betas=(hparams.b1, hparams.b2),
+        eps=hparams.eps, weight_decay=hparams.weight_decay,
+    )
+
+
+def _train_step(model: GPT, opt: torch.optim.Optimizer, tokens: torch.Tensor, schedule: Schedule, seed: int) -> None:
+    opt.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    model_loss(model, tokens, schedule).backward()
+    opt.step()
+
+
+def run_schedule(
+    cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, schedule: Schedule, *,
+    hparams: AdamWConfig, timing_repeats: int = 5, with_reverse_loop: bool = True, seed: int = 0,
+) -> dict[str, Any]:
+    """Loss, gradients, training, residual and peak memory, and step time of one remat schedule.
+
+    Args:
+        cfg: model configuration.
+        params: canonical parameters (:func:`jaxremat.spec.param_shapes`, ``cfg.dtype``).
+        tokens: ``(B, T+1)`` integer token ids; inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
+        schedule: remat schedule for the blocks.
+        hparams: AdamW hyper-parameters and number of training steps.
+        timing_repeats: timed training steps (after one warm-up step); >= 1.
+        with_reverse_loop: also run :func:`torchref.reverse_loop.reverse_segment_loop` (only for
+            schedules with at least one checkpointed segment).
+        seed: ``torch.manual_seed`` set before every forward pass (dropout masks repeat exactly).
+
+    Returns:
+        dict with ``loss`` (0-d numpy, ``cfg.dtype``), ``grads`` (canonical dict), ``trained``
+        (canonical params after ``hparams.steps`` AdamW steps on ``tokens``), ``residual_bytes``
+        (int, bytes saved for backward by one forward, parameters and buffers excluded),
+        ``residuals`` (records of :class:`torchref.memory.SavedActivationRecorder`), ``peak_bytes``
+        (int), ``peak_source`` (str), ``peak_breakdown`` (dict str -> int bytes), ``step_time_s``
+        (median seconds of one training step, ``time.perf_counter``), ``reverse_loop_grads``
+        (canonical dict or None) and ``mode`` (``"eager"``).
+
+    Raises:
+        ValueError: bad parameters, tokens (not integer, wrong rank, ids out of range, too long),
+            a schedule invalid for ``cfg.n_layer``, or ``timing_repeats < 1``.
+    """
+    if timing_repeats < 1:
+        raise ValueError(f"timing_repeats must be >= 1, got {timing_repeats}")
+    tokens = np.asarray(tokens)
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens must be an integer array of shape (B, T+1), got dtype {tokens.dtype}")
+    tokens_t = torch.from_numpy(np.array(tokens, dtype=np.int64, order="C", copy=True))
+
+    # loss and gradients of one step
+    model = GPT.from_params(cfg, params)
+    torch.manual_seed(seed)
+    loss = model_loss(model, tokens_t, schedule)
+    loss.backward()
+    loss_np = np.asarray(loss.detach().numpy(), dtype=cfg.dtype).copy()
+    grads = model.to_params(grads=True)
+
+    reverse_grads = None
+    if with_reverse_loop and any(s.checkpointed for s in schedule.segments_for(cfg.n_layer)):
+        model = GPT.from_params(cfg, params)
+        torch.manual_seed(seed)
+        _, reverse_grads = reverse_segment_loop(model, tokens_t, schedule)
+
+    # residuals saved by one forward pass
+    model = GPT.from_params(cfg, params)
+    recorder = SavedActivationRecorder(exclude=[*model.parameters(), *model.buffers()])
+    torch.manual_seed(seed)
+    with recorder:
+        loss = model_loss(model, tokens_t, schedule, on_checkpoint_input=recorder.record_boundary)
+    del loss
+
+    # training run
+    model = GPT.from_params(cfg, params)
+    opt = _adamw(model, hparams)
+    for _ in range(hparams.steps):
+        _train_step(model, opt, tokens_t, schedule, seed)
+    trained = model.to_params()
+
+    # peak memory of one steady-state step (optimizer state already allocated), then timing
+    model = GPT.from_params(cfg, params)
+    opt = _adamw(model, hparams)
+    _train_step(model, opt, tokens_t, schedule, seed)  # warm-up: allocates AdamW state
+    peak = peak_step_bytes(lambda: _train_step(model, opt, tokens_t, schedule, seed), model, opt)
+    times = []
+    for _ in range(timing_repeats):
+        t0 = time.perf_counter()
+        _train_step(model, opt, tokens_t, schedule, seed)
+        times.append(time.perf_counter() - t0)
+
+    return {
+        "loss": loss_np,
+        "grads": grads,
+        "trained": trained,
+        "residual_bytes": int(recorder.total_bytes),
+        "residuals": list(recorder.records),
+        "peak_bytes": int(peak.peak_bytes),
+        "peak_source": peak.source,
+        "peak_breakdown": dict(peak.breakdown),
+        "step_time_s": float(statistics.median(times)),
+        "reverse_loop_grads": reverse_grads,
+        "mode": "eager",
+    }

@@ -1,0 +1,84 @@
+"""The main job end to end on the tiny preset: a valid report, exit codes, kept reports, bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from parity.cli import main
+
+REQUIRED_CASE_KEYS = {
+    "framework", "model", "schedule", "n_layer", "dtype", "mode", "grads_bitwise_equal", "weights_bitwise_equal",
+    "max_ulp", "max_abs_diff", "residual_bytes", "peak_bytes", "predicted_peak_units", "step_time_s",
+    "time_overhead", "status", "error",
+}
+REQUIRED_CROSS_KEYS = {"schedule", "dtype", "max_rel_err_loss", "max_rel_err_grads", "tolerance", "ok"}
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    rc = main(["run", "--model", "gpt-tiny", "--schedules", "full,sqrt,every_k(3)", "--repeats", "1",
+               "--no-progress", "--out", str(out)])
+    return rc, out
+
+
+def test_cli_run_writes_valid_report(tiny_report):
+    rc, out = tiny_report
+    report = json.loads((out / "report.json").read_text())
+    assert report["schema"] == 1 and report["complete"] is True
+    cases = report["cases"]
+    assert {(c["framework"], c["mode"]) for c in cases} == {("jax", "jit"), ("jax", "eager"), ("torch", "eager")}
+    assert {c["schedule"] for c in cases} == {"none", "full", "sqrt", "every_k(3)"}
+    for c in cases:
+        assert REQUIRED_CASE_KEYS <= set(c), c
+        assert c["status"] == "pass", c
+        assert c["grads_bitwise_equal"] is True and c["weights_bitwise_equal"] is True
+        assert c["peak_bytes"] > 0 and c["residual_bytes"] > 0
+    for x in report["cross_framework"]:
+        assert REQUIRED_CROSS_KEYS <= set(x) and x["ok"], x
+    assert rc == 0
+    md = (out / "report.md").read_text()
+    assert "| framework |" in md and "JAX vs PyTorch" in md
+
+
+def test_cli_full_saves_less_than_none(tiny_report):
+    _, out = tiny_report
+    cases = json.loads((out / "report.json").read_text())["cases"]
+    for fw, mode in (("jax", "jit"), ("torch", "eager")):
+        by = {c["schedule"]: c for c in cases if c["framework"] == fw and c["mode"] == mode}
+        assert by["full"]["residual_bytes"] < by["none"]["residual_bytes"], fw
+
+
+def test_cli_keeps_previous_report(tmp_path):
+    (tmp_path / "report.json").write_text('{"mine": 1}')
+    rc = main(["run", "--model", "gpt-tiny", "--schedules", "full", "--frameworks", "torch", "--repeats", "1",
+               "--no-progress", "--out", str(tmp_path)])
+    assert rc == 0
+    kept = list((tmp_path / "previous").glob("*/report.json"))
+    assert len(kept) == 1 and kept[0].read_text() == '{"mine": 1}'
+    assert json.loads((tmp_path / "report.json").read_text())["schema"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--schedules", "every_k(0)"], "k"),
+    (["--schedules", "segments(9)", "--model", "gpt-tiny"], "s"),
+    (["--schedules", "sqrtt"], "valid schedules"),
+    (["--dtype", "float16"], "dtype"),
+    (["--model", "gpt-huge"], "valid models"),
+    (["--frameworks", "mxnet"], "framework"),
+])
+def test_cli_bad_input_exits_2_without_traceback(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "parity", "run", "--out", str(tmp_path / "o"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and message in proc.stderr
+
+
+def test_cli_unwritable_out_dir(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("not a dir")
+    proc = subprocess.run([sys.executable, "-m", "parity", "run", "--out", str(target)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not a directory" in proc.stderr and "Traceback" not in proc.stderr

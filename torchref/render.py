@@ -1,0 +1,128 @@
+"""Render a neutral remat schedule onto a stack of PyTorch blocks, from outside the model.
+
+Each :class:`jaxremat.spec.Segment` that is checkpointed runs through
+``torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=False, preserve_rng_state=True)``: during
+the forward pass only its input (the segment boundary) survives, and its interior is recomputed in
+the backward pass with the RNG state of the forward, so dropout masks replay exactly. Segments that
+are not checkpointed run plainly. ``segments(s)`` and ``sqrt`` go through
+``torch.utils.checkpoint.checkpoint_sequential``, whose split the spec copies; the per-block call
+counts in ``tests/torchref/test_render.py`` check that the two agree.
+
+The non-reentrant variant is used everywhere: the reentrant one silently drops gradients for inputs
+that do not require grad, for kwargs and for ``backward(inputs=...)`` (PyTorch docs,
+``torch.utils.checkpoint``). Source: Chen et al. 2016, arXiv:1604.06174.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+from jaxremat.spec import Schedule, Segments, Sqrt
+
+from .model import GPT, lm_loss, split_tokens
+
+CheckpointInputHook = Callable[[torch.Tensor], None]
+
+
+def _run_segment(blocks: Sequence[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function applying ``blocks`` in order (the body of one segment)."""
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        for block in blocks:
+            x = block(x)
+        return x
+
+    return run
+
+
+def _forward_checkpoint_sequential(
+    blocks: list[nn.Module], x: torch.Tensor, n_segments: int, starts: set[int],
+    on_checkpoint_input: Optional[CheckpointInputHook],
+) -> torch.Tensor:
+    """``checkpoint_sequential`` over ``blocks``, reporting each checkpointed segment's input once.
+
+    The block that opens a checkpointed segment is wrapped so that it reports its input during this
+    forward call only (not again when the segment is recomputed in the backward pass).
+    """
+    active = True
+
+    def reporting(block: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        def run(inp: torch.Tensor) -> torch.Tensor:
+            if active and on_checkpoint_input is not None:
+                on_checkpoint_input(inp)
+            return block(inp)
+
+        return run
+
+    functions = [reporting(b) if i in starts else b for i, b in enumerate(blocks)]
+    try:
+        return checkpoint_sequential(functions, n_segments, x, use_reentrant=False, preserve_rng_state=True)
+    finally:
+        active = False
+
+
+def forward_blocks(
+    blocks: Sequence[nn.Module], x: torch.Tensor, schedule: Schedule, *,
+    on_checkpoint_input: Optional[CheckpointInputHook] = None,
+) -> torch.Tensor:
+    """Run ``x`` through ``blocks`` under ``schedule`` (``schedule.segments_for(len(blocks))``).
+
+    Args:
+        blocks: the N blocks of the stack, applied in order; each maps a tensor to a tensor of the
+            same shape (for :class:`torchref.model.Block`, ``(B, T, D)`` in the model dtype).
+        x: input of the first block.
+        schedule: a :mod:`jaxremat.spec.schedules` value.
+        on_checkpoint_input: called with the input tensor of each checkpointed segment, once, during
+            this forward pass (e.g. :meth:`torchref.memory.SavedActivationRecorder.record_boundary`).
+
+    Returns:
+        Output of the last block, same shape and dtype as ``x``.
+
+    Raises:
+        ValueError: the schedule is invalid for ``len(blocks)`` (e.g. ``segments(s)`` with s > N).
+    """
+    blocks = list(blocks)
+    segs = schedule.segments_for(len(blocks))
+    if isinstance(schedule, (Segments, Sqrt)):
+        starts = {s.start for s in segs if s.checkpointed}
+        return _forward_checkpoint_sequential(blocks, x, len(segs), starts, on_checkpoint_input)
+    for seg in segs:
+        run = _run_segment(blocks[seg.start:seg.stop])
+        if seg.checkpointed:
+            if on_checkpoint_input is not None:
+                on_checkpoint_input(x)
+            x = checkpoint(run, x, use_reentrant=False, preserve_rng_state=True)
+        else:
+            x = run(x)
+    return x
+
+
+def model_loss(
+    model: GPT, tokens: torch.Tensor, schedule: Schedule, *,
+    on_checkpoint_input: Optional[CheckpointInputHook] = None,
+) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``model`` with its blocks run under ``schedule``.
+
+    ``embed`` and ``head`` (with the loss) run plainly, as the blocks' surroundings.
+
+    Args:
+        model: the transformer.
+        tokens: ``(B, T+1)`` integer token ids; inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
+        schedule: remat schedule for ``model.blocks``.
+        on_checkpoint_input: see :func:`forward_blocks`.
+
+    Returns:
+        0-d loss tensor in the model dtype, attached to the autograd graph.
+
+    Raises:
+        ValueError: bad tokens (rank, dtype, ids out of range, too long) or a schedule invalid for
+            ``n_layer``.
+    """
+    inputs, targets = split_tokens(tokens)
+    x = model.embed(inputs)
+    x = forward_blocks(model.blocks, x, schedule, on_checkpoint_input=on_checkpoint_input)
+    return lm_loss(model.head(x), targets)
