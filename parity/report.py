@@ -109,7 +109,10 @@ def cross_row(x: dict) -> list[str]:
 
 def print_tables(report: dict, console: Console | None = None) -> None:
     """Print the case table and the cross-framework table to the terminal."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # pipes and CI logs: do not squeeze the table into 80 columns
+            console = Console(width=220)
     t = Table(title=f"parity: {report['model']} ({report['suite']} suite)", show_lines=False)
     for col in CASE_COLUMNS:
         t.add_column(col, justify="right" if col not in ("framework", "mode", "dtype", "schedule", "status") else "left")

@@ -65,6 +65,10 @@ class SuiteConfig:
 
 
 def _run_framework(framework: str, mode: str, cfg, params, tokens, schedule, suite: SuiteConfig, with_reverse_loop: bool):
+    if mode == "eager" and framework == "jax":
+        # Op-by-op JAX dispatches every primitive from Python: its step time says nothing about
+        # remat, so one timed step is enough there (the bitwise checks are what that mode is for).
+        suite = dataclasses.replace(suite, timing_repeats=1)
     if framework == "jax":
         from . import jax_runner
 
@@ -172,6 +176,7 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
                 case = _base_case(framework, mode, name, schedule, cfg, suite)
                 if on_start:
                     on_start(f"{framework}/{mode} {dtype} {name}")
+                t_case = time.perf_counter()
                 try:
                     res = _run_framework(framework, mode, cfg, params, tokens, schedule, suite,
                                          with_reverse_loop=name != "none")
@@ -192,6 +197,7 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
                     case["status"] = "error"
                     case["error"] = f"{type(exc).__name__}: {exc}"
                     case["traceback"] = traceback.format_exc(limit=8)
+                case["case_wall_s"] = time.perf_counter() - t_case
                 report["cases"].append(case)
                 if on_case:
                     on_case(case)

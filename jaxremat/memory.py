@@ -1,0 +1,195 @@
+"""What a remat schedule keeps, measured three ways: saved residuals, XLA buffers, device peak.
+
+* :func:`saved_residuals` -- the residuals JAX's autodiff keeps from the forward pass for the
+  backward pass, from the private helper behind ``jax.ad_checkpoint.print_saved_residuals``
+  (``jax._src.ad_checkpoint.saved_residuals(f, *args)`` in jax 0.10.2, which returns
+  ``(aval, description)`` pairs). This is a jaxpr-level count, before XLA.
+* :func:`compiled_memory` -- XLA's buffer assignment of the compiled program
+  (``jax.jit(f).lower(*args).compile().memory_analysis()``): argument, output, alias and temp
+  bytes. This is what the compiler plans; it sees fusion, buffer reuse and any remat undone.
+* :func:`device_peak_bytes` -- the allocator's high-water mark on a GPU
+  (``jax.Device.memory_stats()["peak_bytes_in_use"]``); GPU only.
+
+The counts can disagree (XLA fuses, reuses and may rematerialize on its own); report them side
+by side, never one in place of another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax._src import ad_checkpoint as _ad_checkpoint
+from jax._src import core as _core
+
+__all__ = [
+    "ResidualRecord", "compiled_memory", "device_peak_bytes", "saved_activation_bytes",
+    "saved_residuals", "gpu_available",
+]
+
+# Primitives whose output holds the same values as their (first) input, only laid out
+# differently: a residual produced by a chain of these from an input costs no activation memory.
+_VIEW_PRIMITIVES = frozenset({
+    "reshape", "squeeze", "expand_dims", "slice", "split", "transpose", "copy", "copy_p",
+    "dynamic_slice", "reduce_precision",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualRecord:
+    """One residual kept by the forward pass for the backward pass.
+
+    Attributes:
+        shape: array shape.
+        dtype: numpy dtype name, e.g. ``"float32"``.
+        bytes: ``prod(shape) * itemsize`` (bytes).
+        description: JAX's own words, e.g. ``"output of scan from model.py:120 (...)"`` or
+            ``"from the argument params['wte']"``.
+        is_argument: True when the residual is one of the function's inputs (an argument or a
+            closed-over array), or a layout-only view of one (reshape, slice, split, squeeze,
+            transpose, ...; e.g. a segment's parameter slice). Such residuals are parameters or
+            data, not activations.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    description: str
+    is_argument: bool
+
+
+def _residual_jaxpr(fn: Callable, args: tuple) -> tuple[_core.Jaxpr, list]:
+    """The jaxpr of ``vjp(fn)`` restricted to its residual outputs (as the JAX helper builds it)."""
+    in_leaves, in_tree = jax.tree_util.tree_flatten(args)
+
+    def flat_fn(*leaves):
+        return fn(*jax.tree_util.tree_unflatten(in_tree, leaves))
+
+    closed, out_shape = jax.make_jaxpr(lambda *a: jax.vjp(flat_fn, *a), return_shape=True)(*in_leaves)
+    num_res = jax.tree_util.tree_structure(out_shape[1]).num_leaves
+    jaxpr = closed.jaxpr
+    return jaxpr, list(jaxpr.outvars[len(jaxpr.outvars) - num_res:])
+
+
+def _argument_flags(fn: Callable, args: tuple) -> list[tuple[Any, bool]]:
+    """(aval, is_argument) per residual, in the order JAX's ``_saved_residuals`` lists them."""
+    jaxpr, outvars = _residual_jaxpr(fn, args)
+    subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive.name == "reduce_precision"}
+    literals = [v for v in outvars if isinstance(v, _core.Literal)]
+    res_vars = {subst.get(v, v) for v in outvars if not isinstance(v, _core.Literal)}
+
+    from_input = {v: True for v in (*jaxpr.invars, *jaxpr.constvars)}
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _VIEW_PRIMITIVES and eqn.invars:
+            src = eqn.invars[0]
+            if not isinstance(src, _core.Literal) and from_input.get(src, False):
+                for out in eqn.outvars:
+                    from_input[out] = True
+
+    flags = [(v.aval, False) for v in literals]
+    flags += [(v.aval, True) for v in jaxpr.constvars if v in res_vars]
+    flags += [(v.aval, True) for v in jaxpr.invars if v in res_vars]
+    flags += [(v.aval, from_input.get(v, False)) for e in jaxpr.eqns for v in e.outvars if v in res_vars]
+    return flags
+
+
+def saved_residuals(fn: Callable, *args) -> list[ResidualRecord]:
+    """The residuals ``jax.vjp(fn, *args)`` keeps, one :class:`ResidualRecord` each.
+
+    Args:
+        fn: function of ``args`` (pytrees of arrays) returning arrays; close over anything that
+            is not differentiated (tokens, static config, schedule).
+        *args: example arguments (concrete arrays or ``jax.ShapeDtypeStruct`` s).
+
+    Returns:
+        Records in JAX's order: literals, closed-over constants, arguments, then outputs of
+        equations in program order. A scan's stacked residuals appear once each, with the layer
+        axis leading.
+
+    Raises:
+        RuntimeError: the argument classification and JAX's list disagree in length or shape
+            (the private JAX helper changed).
+
+    Source: ``jax._src.ad_checkpoint.saved_residuals`` (behind
+    ``jax.ad_checkpoint.print_saved_residuals``).
+    """
+    described = _ad_checkpoint.saved_residuals(fn, *args)
+    flags = _argument_flags(fn, args)
+    if len(described) != len(flags) or any(
+        tuple(a.shape) != tuple(b.shape) for (a, _), (b, _) in zip(described, flags)
+    ):
+        raise RuntimeError("jax._src.ad_checkpoint.saved_residuals changed its order; update jaxremat.memory")
+    records = []
+    for (aval, text), (_, is_input) in zip(described, flags):
+        nbytes = int(np.prod(aval.shape, dtype=np.int64)) * int(aval.dtype.itemsize)  # keys: 8 B each
+        is_arg = is_input or text.startswith("from the argument") or text == "from a constant"
+        records.append(ResidualRecord(tuple(aval.shape), str(aval.dtype), nbytes, text, is_arg))
+    return records
+
+
+def saved_activation_bytes(fn: Callable, *args) -> int:
+    """Bytes of the residuals that are not inputs (see :attr:`ResidualRecord.is_argument`)."""
+    return sum(r.bytes for r in saved_residuals(fn, *args) if not r.is_argument)
+
+
+def compiled_memory(jitted_fn: Callable, *args) -> dict:
+    """XLA's compiled buffer sizes for ``jitted_fn(*args)`` (compiles; does not run).
+
+    Args:
+        jitted_fn: a ``jax.jit`` -ed function (a plain function is wrapped in ``jax.jit``).
+        *args: example arguments.
+
+    Returns:
+        dict with ``argument_bytes``, ``output_bytes``, ``alias_bytes``, ``temp_bytes``,
+        ``generated_code_bytes``, ``peak_bytes = argument + output + temp - alias`` (bytes) and
+        ``source`` (e.g. ``"XLA compiled memory_analysis (cpu)"``).
+
+    Source: ``jax.stages.Compiled.memory_analysis()``.
+    """
+    jitted = jitted_fn if hasattr(jitted_fn, "lower") else jax.jit(jitted_fn)
+    stats = jitted.lower(*args).compile().memory_analysis()
+    out = {
+        "argument_bytes": int(stats.argument_size_in_bytes),
+        "output_bytes": int(stats.output_size_in_bytes),
+        "alias_bytes": int(stats.alias_size_in_bytes),
+        "temp_bytes": int(stats.temp_size_in_bytes),
+        "generated_code_bytes": int(stats.generated_code_size_in_bytes),
+    }
+    out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
+    out["source"] = f"XLA compiled memory_analysis ({jax.default_backend()})"
+    return out
+
+
+def gpu_available() -> bool:
+    """True when JAX's default backend is a GPU."""
+    return jax.default_backend() == "gpu"
+
+
+def device_peak_bytes(fn: Callable, *args) -> dict:
+    """Run ``fn(*args)`` once on the GPU and read the allocator's statistics.
+
+    ``peak_bytes_in_use`` is a high-water mark since the process started (JAX offers no reset),
+    so run the largest configuration last, or one configuration per process.
+
+    Returns:
+        dict with ``peak_bytes`` (allocator high-water mark, bytes), ``bytes_in_use_before``
+        (bytes held before the call) and ``source``.
+
+    Raises:
+        RuntimeError: the default backend is not a GPU.
+
+    Source: ``jax.Device.memory_stats()`` (PJRT allocator statistics).
+    """
+    if not gpu_available():
+        raise RuntimeError(f"device_peak_bytes needs a GPU backend; default backend is {jax.default_backend()!r}")
+    device = jax.devices()[0]
+    before = int(device.memory_stats().get("bytes_in_use", 0))
+    jax.block_until_ready(fn(*args))
+    stats = device.memory_stats()
+    return {
+        "peak_bytes": int(stats["peak_bytes_in_use"]),
+        "bytes_in_use_before": before,
+        "source": f"jax.Device.memory_stats()['peak_bytes_in_use'] ({device.device_kind})",
+    }

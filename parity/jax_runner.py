@@ -1,0 +1,203 @@
+"""The JAX side of the parity harness: one schedule, one batch, every measurement.
+
+:func:`run_schedule` is the uniform entry point the harness calls, in two modes:
+
+* ``"jit"`` -- loss+gradients, the AdamW update and the reverse loop each run as one ``jax.jit``
+  program (a training step is the first two in turn; see :meth:`_Programs.train_step`). Jitted functions are cached per ``(cfg, schedule, hparams)`` (:func:`_programs`) and
+  ``jax.jit`` caches their executables per input shapes, so repeated calls do not recompile.
+* ``"eager"`` -- the same Python functions op by op under ``jax.disable_jit()`` (``lax.scan``
+  then runs as a Python loop, every primitive dispatched on its own).
+
+Memory is measured the same way in both modes: saved residuals of ``loss_fn`` (a jaxpr-level
+count, :func:`jaxremat.memory.saved_residuals`) and XLA's compiled buffer sizes of the jitted
+loss+gradient step (:func:`jaxremat.memory.compiled_memory`), plus the allocator's peak on a GPU.
+
+For ``cfg.dtype == "float64"`` the whole run happens inside ``jax.enable_x64(True)`` and the
+result dtypes are asserted, so float64 really runs in float64.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxremat.memory import compiled_memory, device_peak_bytes, gpu_available, saved_residuals
+from jaxremat.model import loss_fn
+from jaxremat.reverse_loop import reverse_loop_value_and_grad
+from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig, check_params, param_shapes
+
+MODES = ("jit", "eager")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Programs:
+    """The functions of one (cfg, schedule, hparams): plain (for eager mode) and jitted."""
+
+    value_and_grad: Any
+    apply_adamw: Any
+    reverse_loop: Any
+    init_opt: Any
+    value_and_grad_jit: Any
+    apply_adamw_jit: Any
+    reverse_loop_jit: Any
+
+    def train_step(self, params, opt_state, tokens, key, *, jit: bool):
+        """One AdamW step as two programs: loss+gradients, then the optimizer update.
+
+        Kept apart on purpose: compiled as one program, XLA fuses the end of the backward pass
+        into the update differently per schedule. Measured at gpt-tiny (N=4, D=32): every_k(2)
+        gave bitwise gradients but weights 16384 ULP apart after 3 fused steps, because AdamW's
+        ``m / sqrt(v)`` turns a 1-ULP difference in a gradient that is zero in exact arithmetic
+        (the key bias: softmax ignores a shift of all scores) into a full-size step. Split, the
+        trained weights are bitwise exactly when the gradients are.
+        """
+        vg, apply = (self.value_and_grad_jit, self.apply_adamw_jit) if jit else (self.value_and_grad, self.apply_adamw)
+        _, grads = vg(params, tokens, key)
+        return apply(grads, opt_state, params)
+
+
+@functools.lru_cache(maxsize=64)
+def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig) -> _Programs:
+    """Build (once per key) the loss+grad, AdamW update and reverse-loop functions."""
+    tx = optax.adamw(hparams.learning_rate, b1=hparams.b1, b2=hparams.b2, eps=hparams.eps,
+                     weight_decay=hparams.weight_decay)
+
+    def value_and_grad(params, tokens, key):
+        return jax.value_and_grad(loss_fn)(params, tokens, cfg, schedule, key)
+
+    def apply_adamw(grads, opt_state, params):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def reverse_loop(params, tokens, key):
+        return reverse_loop_value_and_grad(params, tokens, cfg, schedule, key)
+
+    return _Programs(value_and_grad, apply_adamw, reverse_loop, tx.init,
+                     jax.jit(value_and_grad), jax.jit(apply_adamw), jax.jit(reverse_loop))
+
+
+@functools.lru_cache(maxsize=64)
+def _memory(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, tokens_shape, has_key: bool) -> dict:
+    """Compiled memory analysis of the jitted loss+grad step (cached: compiling costs seconds)."""
+    progs = _programs(cfg, schedule, hparams)
+    params = {k: jax.ShapeDtypeStruct(v, jnp.dtype(cfg.dtype)) for k, v in param_shapes(cfg).items()}
+    tokens = jax.ShapeDtypeStruct(tokens_shape, jnp.int32)
+    key = jax.random.key(0) if has_key else None
+    return compiled_memory(progs.value_and_grad_jit, params, tokens, key)
+
+
+def _to_numpy(tree) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in tree.items()}
+
+
+def _check_dtypes(cfg: TransformerConfig, what: str, tree: dict) -> None:
+    for k, v in tree.items():
+        if np.asarray(v).dtype != np.dtype(cfg.dtype):
+            raise RuntimeError(f"{what}[{k!r}] came out as {np.asarray(v).dtype}, expected {cfg.dtype}")
+
+
+def run_schedule(
+    cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, schedule: Schedule, *,
+    mode: str, hparams: AdamWConfig, timing_repeats: int = 5, with_reverse_loop: bool = True, seed: int = 0,
+) -> dict[str, Any]:
+    """Loss, gradients, training, residual and peak memory, and step time of one remat schedule.
+
+    Args:
+        cfg: model configuration.
+        params: canonical parameters (:func:`jaxremat.spec.param_shapes`, ``cfg.dtype``).
+        tokens: ``(B, T+1)`` integer token ids; inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
+        schedule: remat schedule for the blocks.
+        mode: ``"jit"`` or ``"eager"`` (op by op under ``jax.disable_jit()``).
+        hparams: ``optax.adamw`` hyper-parameters and number of training steps.
+        timing_repeats: timed training steps after one warm-up step; >= 1.
+        with_reverse_loop: also run :func:`jaxremat.reverse_loop.reverse_loop_value_and_grad`
+            (only when the schedule has a checkpointed segment).
+        seed: dropout keys come from ``jax.random.key(seed)`` when ``cfg.dropout > 0``: the loss
+            and gradients use it directly, training step i uses ``fold_in(key, i)``.
+
+    Returns:
+        dict with ``loss`` (0-d numpy, ``cfg.dtype``), ``grads`` and ``trained`` (canonical
+        dicts of numpy), ``residual_bytes`` (int, non-argument saved residual bytes of
+        ``loss_fn``), ``residuals`` (list of dicts: shape, dtype, bytes, description,
+        is_argument), ``peak_bytes`` (int, XLA compiled memory of the jitted loss+grad step, in
+        both modes), ``peak_source``, ``peak_breakdown`` (dict of bytes), ``step_time_s``
+        (median seconds of one training step -- loss+gradients then the AdamW update
+        -- ``time.perf_counter`` around ``block_until_ready``), ``reverse_loop_grads`` (canonical dict or None), ``mode``, and
+        ``device_peak`` (dict, only on a GPU backend).
+
+    Raises:
+        ValueError: unknown mode, ``timing_repeats < 1``, bad parameters or tokens.
+        RuntimeError: a result did not come out in ``cfg.dtype``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if timing_repeats < 1:
+        raise ValueError(f"timing_repeats must be >= 1, got {timing_repeats}")
+    check_params(cfg, params)
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens must be an integer array of shape (B, T+1), got {tokens.dtype} {tokens.shape}")
+    x64 = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
+    with x64:
+        return _run(cfg, params, tokens, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed)
+
+
+def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed) -> dict:
+    progs = _programs(cfg, schedule, hparams)
+    params = {k: jnp.asarray(v) for k, v in params_np.items()}
+    _check_dtypes(cfg, "params", params)
+    tokens = jnp.asarray(tokens_np, dtype=jnp.int32)
+    key = jax.random.key(seed) if cfg.dropout > 0 else None
+    step_key = (lambda i: jax.random.fold_in(key, i)) if key is not None else (lambda i: None)
+    eager = mode == "eager"
+    run_ctx = jax.disable_jit if eager else contextlib.nullcontext
+    vg = progs.value_and_grad if eager else progs.value_and_grad_jit
+    step = functools.partial(progs.train_step, jit=not eager)
+    reverse = progs.reverse_loop if eager else progs.reverse_loop_jit
+
+    with run_ctx():
+        loss, grads = jax.block_until_ready(vg(params, tokens, key))
+    out: dict[str, Any] = {"loss": np.asarray(loss), "grads": _to_numpy(grads), "mode": mode}
+    _check_dtypes(cfg, "grads", {"loss": out["loss"], **out["grads"]})
+
+    out["reverse_loop_grads"] = None
+    if with_reverse_loop and any(s.checkpointed for s in schedule.segments_for(cfg.n_layer)):
+        with run_ctx():
+            _, rl_grads = jax.block_until_ready(reverse(params, tokens, key))
+        out["reverse_loop_grads"] = _to_numpy(rl_grads)
+
+    records = saved_residuals(lambda p: loss_fn(p, tokens, cfg, schedule, key), params)
+    out["residuals"] = [dataclasses.asdict(r) for r in records]
+    out["residual_bytes"] = int(sum(r.bytes for r in records if not r.is_argument))
+
+    mem = _memory(cfg, schedule, hparams, tuple(tokens.shape), key is not None)
+    out["peak_bytes"] = int(mem["peak_bytes"])
+    out["peak_source"] = f"{mem['source']} of jit(value_and_grad(loss_fn))"
+    out["peak_breakdown"] = {k: v for k, v in mem.items() if k != "source"}
+    if gpu_available():
+        out["device_peak"] = device_peak_bytes(progs.value_and_grad_jit, params, tokens, key)
+
+    with run_ctx():
+        p, opt_state = params, progs.init_opt(params)
+        for i in range(hparams.steps):
+            p, opt_state = step(p, opt_state, tokens, step_key(i))
+        out["trained"] = _to_numpy(jax.block_until_ready(p))
+        _check_dtypes(cfg, "trained", out["trained"])
+
+        p, opt_state = jax.block_until_ready(step(params, progs.init_opt(params), tokens, step_key(0)))  # warm-up
+        times = []
+        for r in range(timing_repeats):
+            t0 = time.perf_counter()
+            p, opt_state = jax.block_until_ready(step(p, opt_state, tokens, step_key(1 + r)))
+            times.append(time.perf_counter() - t0)
+    out["step_time_s"] = float(statistics.median(times))
+    return out

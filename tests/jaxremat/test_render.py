@@ -1,0 +1,234 @@
+"""jaxremat.render: schedules are bitwise equal to no remat and keep exactly the segment boundaries.
+
+Measured facts these tests pin down (XLA:CPU, jax 0.10.2):
+
+* op by op (``jax.disable_jit()``) every schedule is bitwise equal to ``none``;
+* under ``jax.jit`` at the default config (N=8, D=64, T=64, B=4) every schedule is bitwise;
+* under ``jax.jit`` at tiny shapes, schedules with a group of 1-layer segments (``full``, the
+  remainder of ``every_k(2)`` at N=5, ``segments(3)`` at N=5) round differently by a few float32
+  eps: the inner scan has trip count 1, XLA's ``simplify-while-loops`` pass removes it, and the
+  layer is compiled outside a loop body. With that pass disabled they are bitwise again.
+  Schedules whose segments all hold >= 2 layers were bitwise at every shape measured.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxremat.memory import saved_activation_bytes, saved_residuals
+from jaxremat.model import block_forward, block_params_of
+from jaxremat.render import ScanGroup, plan_groups, remat_scan
+from jaxremat.spec import every_k, full, none, segments, sqrt
+
+# Op by op every schedule of the brief; every_k(2) (a 2-layer group + a 1-layer remainder) runs by
+# default, the rest with JAXREMAT_SLOW_TESTS=1 (each new op shape compiles on first dispatch).
+EAGER = [pytest.param(s, id=s.name, marks=() if s == every_k(2) else pytest.mark.jaxremat_slow)
+         for s in (full, every_k(2), every_k(3), sqrt, segments(3))]
+
+
+def _assert_same(a, b, bits):
+    assert bits.equal(a[0], b[0]), ("loss", float(a[0]), float(b[0]))
+    bits.assert_tree(a[1], b[1], "grads")
+
+
+# ---------------------------------------------------------------- structure of the plan
+
+
+def test_plan_groups_rounding_and_grouping():
+    assert plan_groups(none.segments_for(5)) == (ScanGroup(0, 5, 5, 1, False),)
+    assert plan_groups(full.segments_for(5)) == (ScanGroup(0, 5, 1, 5, True),)
+    assert plan_groups(every_k(2).segments_for(5)) == (ScanGroup(0, 4, 2, 2, True), ScanGroup(4, 5, 1, 1, True))
+    assert plan_groups(every_k(3).segments_for(5)) == (ScanGroup(0, 3, 3, 1, True), ScanGroup(3, 5, 2, 1, True))
+    # segments(3) at N=5: two checkpointed 1-layer segments, then a plain 3-layer tail
+    assert plan_groups(segments(3).segments_for(5)) == (ScanGroup(0, 2, 1, 2, True), ScanGroup(2, 5, 3, 1, False))
+    # sqrt at N=8 is segments(3): 2 x 2 checkpointed, then 4 plain
+    assert plan_groups(sqrt.segments_for(8)) == (ScanGroup(0, 4, 2, 2, True), ScanGroup(4, 8, 4, 1, False))
+
+
+def test_jaxpr_has_one_scan_per_group_and_one_checkpoint_per_checkpointed_group(tiny):
+    cfg, params, _ = tiny
+    x = jnp.ones((2, 8, 16))
+    for schedule in [none, full, every_k(2), segments(3)]:
+        jaxpr = jax.make_jaxpr(
+            lambda bp, x: remat_scan(lambda lp, c, _: block_forward(lp, c, cfg), bp, x, schedule)
+        )(block_params_of(params), x)
+        groups = plan_groups(schedule.segments_for(cfg.n_layer))
+        scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+        assert len(scans) == len(groups), schedule.name
+        # a checkpointed group's scan body is one remat (jax.checkpoint) of the inner scan
+        bodies = [[q for q in e.params["jaxpr"].jaxpr.eqns] for e in scans]
+        for g, body in zip(groups, bodies):
+            remats = [q for q in body if q.primitive.name == "remat2"]
+            assert len(remats) == int(g.checkpointed), schedule.name
+            assert all(q.params["prevent_cse"] is False and q.params["policy"] is None for q in remats)
+
+
+def test_remat_scan_errors(tiny):
+    cfg, params, _ = tiny
+    bp = block_params_of(params)
+    fn = lambda lp, c, _: c  # noqa: E731
+    with pytest.raises(ValueError, match="leading"):
+        remat_scan(fn, {"a": jnp.ones((5, 2)), "b": jnp.ones((4, 2))}, jnp.ones(2), full)
+    with pytest.raises(ValueError, match="leading"):
+        remat_scan(fn, bp, jnp.ones(2), full, xs=jnp.ones(3))
+    with pytest.raises(ValueError, match=r"\[1, 5\]"):
+        remat_scan(fn, bp, jnp.ones(2), segments(6))
+
+
+# ---------------------------------------------------------------- values: bit for bit
+
+
+@pytest.mark.parametrize("schedule", EAGER)
+def test_schedule_bitwise_equal_to_none_eager(run, schedule, bits):
+    _assert_same(run("tiny", schedule, "eager"), run("tiny", none, "eager"), bits)
+
+
+def test_schedule_with_two_layer_segments_bitwise_jit_with_dropout(run, bits):
+    """every_k(3) at N=5 (segments of 3 and 2 layers); masks redrawn from the scanned keys."""
+    _assert_same(run("tiny", every_k(3), "jit", 0.1), run("tiny", none, "jit", 0.1), bits)
+
+
+@pytest.mark.jaxremat_slow
+def test_sqrt_bitwise_jit_tiny(run, bits):
+    """sqrt at N=5 is segments(2): one checkpointed 2-layer segment, then a plain 3-layer tail."""
+    _assert_same(run("tiny", sqrt, "jit"), run("tiny", none, "jit"), bits)
+
+
+@pytest.mark.jaxremat_slow
+@pytest.mark.parametrize("schedule, dropout", [(every_k(2), 0.0), (full, 0.1)], ids=["every_k(2)", "full-dropout"])
+def test_jit_one_layer_segments_differ_by_rounding_only(run, schedule, dropout, bits):
+    """Measured at the tiny shape: not bitwise, but within a few float32 eps (relative to max)."""
+    (l_a, g_a), (l_b, g_b) = run("tiny", schedule, "jit", dropout), run("tiny", none, "jit", dropout)
+    worst = max([bits.max_rel(l_a, l_b)] + [bits.max_rel(g_a[k], g_b[k]) for k in g_a])
+    assert 0 < worst <= 1e-6, worst
+
+
+@pytest.mark.jaxremat_slow
+def test_jit_one_layer_segments_bitwise_without_while_loop_simplifier():
+    """The mechanism: with XLA's ``simplify-while-loops`` pass off, every_k(2) is bitwise again."""
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jaxremat.model import loss_fn
+        from jaxremat.spec import TransformerConfig, every_k, init_params, none
+        cfg = TransformerConfig(vocab_size=64, n_layer=5, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
+        p = {k: jnp.asarray(v) for k, v in init_params(cfg, seed=1).items()}
+        t = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 9)), jnp.int32)
+        f = jax.jit(jax.value_and_grad(loss_fn), static_argnums=(2, 3))
+        a, b = jax.tree.leaves(f(p, t, cfg, every_k(2))), jax.tree.leaves(f(p, t, cfg, none))
+        ok = all(np.array_equal(np.asarray(x).view(np.uint32), np.asarray(y).view(np.uint32)) for x, y in zip(a, b))
+        print("BITWISE" if ok else "DIFFERENT")
+    """)
+    env = {**os.environ, "XLA_FLAGS": "--xla_disable_hlo_passes=simplify-while-loops", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["BITWISE"], out.stdout
+
+
+@pytest.mark.parametrize("schedule", [full, every_k(2), sqrt, segments(4)], ids=lambda s: s.name)
+def test_default_config_schedule_bitwise_jit(run, schedule, bits):
+    """At the default config (N=8, D=64, T=64, B=4) every schedule is bitwise under jit."""
+    _assert_same(run("default", schedule, "jit"), run("default", none, "jit"), bits)
+
+
+@pytest.mark.jaxremat_slow
+def test_schedule_bitwise_float64_jit(run, bits):
+    a, b = run("tiny", sqrt, "jit", dtype="float64"), run("tiny", none, "jit", dtype="float64")
+    assert a[0].dtype == np.float64 and all(v.dtype == np.float64 for v in a[1].values())
+    _assert_same(a, b, bits)
+
+
+@pytest.mark.jaxremat_slow
+def test_layer_norm_written_as_division_breaks_jit_bitwise(default, monkeypatch, bits):
+    """Why layer_norm uses lax.rsqrt: with ``/ sqrt`` XLA rewrites only the recompute to rsqrt."""
+    import jaxremat.model as model
+
+    def layer_norm_div(x, w, b, eps):
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        return (x - mean) / jnp.sqrt(jnp.mean(jnp.square(x - mean), -1, keepdims=True) + eps) * w + b
+
+    monkeypatch.setattr(model, "layer_norm", layer_norm_div)
+    cfg, params, tokens = default
+    compiled = {s.name: jax.jit(jax.value_and_grad(lambda p, t, s=s: model.loss_fn(p, t, cfg, s)))
+                .lower(params, tokens).compile() for s in (full, none)}
+    assert " rsqrt(" in compiled["full"].as_text() and " rsqrt(" not in compiled["none"].as_text()
+    (l_a, g_a), (l_b, g_b) = (compiled[n](params, tokens) for n in ("full", "none"))
+    assert bits.equal(l_a, l_b)
+    assert not all(bits.equal(g_a[k], g_b[k]) for k in g_a)
+    assert max(bits.max_rel(g_a[k], g_b[k]) for k in g_a) <= 1e-6
+
+
+# ---------------------------------------------------------------- what is saved
+
+
+def _stack_fn(cfg, schedule, policy=None):
+    def fn(bp, x):
+        return remat_scan(lambda lp, c, _: block_forward(lp, c, cfg), bp, x, schedule, policy=policy).sum()
+    return fn
+
+
+def test_full_saves_only_the_per_layer_block_inputs(tiny):
+    cfg, params, _ = tiny
+    bp, x = block_params_of(params), jnp.ones((2, 8, 16))
+    kept = [r for r in saved_residuals(_stack_fn(cfg, full), bp, x) if not r.is_argument]
+    assert [(r.shape, r.dtype) for r in kept] == [((5, 2, 8, 16), "float32")]  # (N, B, T, D)
+    assert "scan" in kept[0].description
+    args = [r for r in saved_residuals(_stack_fn(cfg, full), bp, x) if r.is_argument]
+    assert {r.shape for r in args} >= {(5, 1, 16, 48), (5, 1, 32, 16)}  # (n_seg, k, ...) param views
+
+
+def test_every_k_saves_one_boundary_per_segment(tiny):
+    cfg, params, _ = tiny
+    bp, x = block_params_of(params), jnp.ones((2, 8, 16))
+    kept = [r.shape for r in saved_residuals(_stack_fn(cfg, every_k(2)), bp, x) if not r.is_argument]
+    assert kept == [(2, 2, 8, 16), (1, 2, 8, 16)]  # group of 2 segments, then the remainder
+
+
+def test_none_saves_attention_probabilities_and_policy_everything_saveable_equals_none(tiny):
+    cfg, params, _ = tiny
+    bp, x = block_params_of(params), jnp.ones((2, 8, 16))
+    none_recs = saved_residuals(_stack_fn(cfg, none), bp, x)
+    assert (5, 2, 2, 8, 8) in {r.shape for r in none_recs}  # (N, B, H, T, T)
+    everything = jax.checkpoint_policies.everything_saveable
+    assert saved_activation_bytes(_stack_fn(cfg, full, everything), bp, x) == \
+        saved_activation_bytes(_stack_fn(cfg, none), bp, x)
+
+
+# ---------------------------------------------------------------- a user's own block
+
+
+def _mlp_block(p, x, _):
+    h = jnp.tanh(x @ p["w_in"] + p["b_in"])
+    return x + h @ p["w_out"]
+
+
+@pytest.fixture(scope="module")
+def mlp_stack():
+    rng = np.random.default_rng(0)
+    n, d, f = 6, 8, 32
+    params = {
+        "w_in": jnp.asarray(rng.normal(0, 0.3, (n, d, f)), jnp.float32),
+        "b_in": jnp.asarray(rng.normal(0, 0.1, (n, f)), jnp.float32),
+        "w_out": jnp.asarray(rng.normal(0, 0.3, (n, f, d)), jnp.float32),
+    }
+    return params, jnp.asarray(rng.normal(size=(4, d)), jnp.float32)
+
+
+@pytest.mark.parametrize("schedule", [full, every_k(4), sqrt], ids=["full", "every_k(4)", "sqrt"])
+def test_user_block_bitwise_and_saves_less(mlp_stack, schedule, bits):
+    params, x = mlp_stack
+
+    def loss(p, x, s):
+        return jnp.sum(remat_scan(_mlp_block, p, x, s) ** 2)
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
+    (la, (ga, gxa)), (lb, (gb, gxb)) = grad(params, x, schedule), grad(params, x, none)
+    assert bits.equal(la, lb) and bits.equal(gxa, gxb)
+    bits.assert_tree(ga, gb, "user block grads")
+    saved = saved_activation_bytes(lambda p, x: loss(p, x, schedule), params, x)
+    assert saved < saved_activation_bytes(lambda p, x: loss(p, x, none), params, x)
