@@ -25,7 +25,7 @@ from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
 
 __all__ = [
-    "ResidualRecord", "compiled_memory", "device_peak_bytes", "saved_activation_bytes",
+    "ResidualRecord", "compiled_memory", "compiled_stats", "device_peak_bytes", "saved_activation_bytes",
     "saved_residuals", "gpu_available",
 ]
 
@@ -149,7 +149,15 @@ def compiled_memory(jitted_fn: Callable, *args) -> dict:
     Source: ``jax.stages.Compiled.memory_analysis()``.
     """
     jitted = jitted_fn if hasattr(jitted_fn, "lower") else jax.jit(jitted_fn)
-    stats = jitted.lower(*args).compile().memory_analysis()
+    return compiled_stats(jitted.lower(*args).compile())
+
+
+def compiled_stats(compiled: Any) -> dict:
+    """:func:`compiled_memory` 's dict for an already compiled program (``jax.stages.Compiled``).
+
+    Use it to read the buffer sizes of the very executable that runs, without compiling twice.
+    """
+    stats = compiled.memory_analysis()
     out = {
         "argument_bytes": int(stats.argument_size_in_bytes),
         "output_bytes": int(stats.output_size_in_bytes),

@@ -10,7 +10,7 @@
 
 Memory is measured the same way in both modes: saved residuals of ``loss_fn`` (a jaxpr-level
 count, :func:`jaxremat.memory.saved_residuals`) and XLA's compiled buffer sizes of the jitted
-loss+gradient step (:func:`jaxremat.memory.compiled_memory`), plus the allocator's peak on a GPU.
+loss+gradient step (:func:`jaxremat.memory.compiled_stats` of the executable that runs), plus the allocator's peak on a GPU.
 
 For ``cfg.dtype == "float64"`` the whole run happens inside ``jax.enable_x64(True)`` and the
 result dtypes are asserted, so float64 really runs in float64.
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxremat.memory import compiled_memory, device_peak_bytes, gpu_available, saved_residuals
+from jaxremat.memory import compiled_stats, device_peak_bytes, gpu_available, saved_residuals
 from jaxremat.model import loss_fn
 from jaxremat.reverse_loop import reverse_loop_value_and_grad
 from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig, check_params, param_shapes
@@ -50,7 +50,7 @@ class _Programs:
     apply_adamw_jit: Any
     reverse_loop_jit: Any
 
-    def train_step(self, params, opt_state, tokens, key, *, jit: bool):
+    def train_step(self, params, opt_state, tokens, key, *, value_and_grad, jit: bool):
         """One AdamW step as two programs: loss+gradients, then the optimizer update.
 
         Kept apart on purpose: compiled as one program, XLA fuses the end of the backward pass
@@ -60,8 +60,8 @@ class _Programs:
         (the key bias: softmax ignores a shift of all scores) into a full-size step. Split, the
         trained weights are bitwise exactly when the gradients are.
         """
-        vg, apply = (self.value_and_grad_jit, self.apply_adamw_jit) if jit else (self.value_and_grad, self.apply_adamw)
-        _, grads = vg(params, tokens, key)
+        apply = self.apply_adamw_jit if jit else self.apply_adamw
+        _, grads = value_and_grad(params, tokens, key)
         return apply(grads, opt_state, params)
 
 
@@ -86,13 +86,18 @@ def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig) 
 
 
 @functools.lru_cache(maxsize=64)
-def _memory(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, tokens_shape, has_key: bool) -> dict:
-    """Compiled memory analysis of the jitted loss+grad step (cached: compiling costs seconds)."""
+def _compiled_value_and_grad(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, tokens_shape,
+                             has_key: bool):
+    """The jitted loss+grad step compiled ahead of time, once per key.
+
+    The same executable runs the jit-mode gradients and training steps and gives the compiled
+    memory analysis, so each schedule's program is compiled once (compiling costs seconds here).
+    """
     progs = _programs(cfg, schedule, hparams)
     params = {k: jax.ShapeDtypeStruct(v, jnp.dtype(cfg.dtype)) for k, v in param_shapes(cfg).items()}
     tokens = jax.ShapeDtypeStruct(tokens_shape, jnp.int32)
     key = jax.random.key(0) if has_key else None
-    return compiled_memory(progs.value_and_grad_jit, params, tokens, key)
+    return progs.value_and_grad_jit.lower(params, tokens, key).compile()
 
 
 def _to_numpy(tree) -> dict[str, np.ndarray]:
@@ -160,8 +165,9 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
     step_key = (lambda i: jax.random.fold_in(key, i)) if key is not None else (lambda i: None)
     eager = mode == "eager"
     run_ctx = jax.disable_jit if eager else contextlib.nullcontext
-    vg = progs.value_and_grad if eager else progs.value_and_grad_jit
-    step = functools.partial(progs.train_step, jit=not eager)
+    compiled_vg = _compiled_value_and_grad(cfg, schedule, hparams, tuple(tokens.shape), key is not None)
+    vg = progs.value_and_grad if eager else compiled_vg
+    step = functools.partial(progs.train_step, value_and_grad=vg, jit=not eager)
     reverse = progs.reverse_loop if eager else progs.reverse_loop_jit
 
     with run_ctx():
@@ -179,7 +185,7 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
     out["residuals"] = [dataclasses.asdict(r) for r in records]
     out["residual_bytes"] = int(sum(r.bytes for r in records if not r.is_argument))
 
-    mem = _memory(cfg, schedule, hparams, tuple(tokens.shape), key is not None)
+    mem = compiled_stats(compiled_vg)
     out["peak_bytes"] = int(mem["peak_bytes"])
     out["peak_source"] = f"{mem['source']} of jit(value_and_grad(loss_fn))"
     out["peak_breakdown"] = {k: v for k, v in mem.items() if k != "source"}
@@ -193,7 +199,8 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
         out["trained"] = _to_numpy(jax.block_until_ready(p))
         _check_dtypes(cfg, "trained", out["trained"])
 
-        p, opt_state = jax.block_until_ready(step(params, progs.init_opt(params), tokens, step_key(0)))  # warm-up
+        if not eager:  # warm-up: the first call of the AdamW update compiles it
+            p, opt_state = jax.block_until_ready(step(params, progs.init_opt(params), tokens, step_key(0)))
         times = []
         for r in range(timing_repeats):
             t0 = time.perf_counter()
