@@ -85,7 +85,7 @@ def cmd_run(args) -> int:
     from .report import OutputDirError, prepare_out_dir, print_tables, write_report
     from .suite import FRAMEWORK_MODES, report_passed, run_suite
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         suite = _suite_from_args(args)
         kept = prepare_out_dir(args.out, args.overwrite)
