@@ -113,6 +113,7 @@ def _check_dtypes(cfg: TransformerConfig, what: str, tree: dict) -> None:
 def run_schedule(
     cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, schedule: Schedule, *,
     mode: str, hparams: AdamWConfig, timing_repeats: int = 5, with_reverse_loop: bool = True, seed: int = 0,
+    with_training: bool = True,
 ) -> dict[str, Any]:
     """Loss, gradients, training, residual and peak memory, and step time of one remat schedule.
 
@@ -126,6 +127,9 @@ def run_schedule(
         timing_repeats: timed training steps after one warm-up step; >= 1.
         with_reverse_loop: also run :func:`jaxremat.reverse_loop.reverse_loop_value_and_grad`
             (only when the schedule has a checkpointed segment).
+        with_training: run the AdamW steps and the timed steps; when False, ``trained`` and
+            ``step_time_s`` are None (the harness skips them op by op, where a step costs a second
+            of Python dispatch and its time says nothing about remat).
         seed: dropout keys come from ``jax.random.key(seed)`` when ``cfg.dropout > 0``: the loss
             and gradients use it directly, training step i uses ``fold_in(key, i)``.
 
@@ -153,10 +157,12 @@ def run_schedule(
         raise ValueError(f"tokens must be an integer array of shape (B, T+1), got {tokens.dtype} {tokens.shape}")
     x64 = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
     with x64:
-        return _run(cfg, params, tokens, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed)
+        return _run(cfg, params, tokens, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,
+                    with_training)
 
 
-def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed) -> dict:
+def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,
+         with_training) -> dict:
     progs = _programs(cfg, schedule, hparams)
     params = {k: jnp.asarray(v) for k, v in params_np.items()}
     _check_dtypes(cfg, "params", params)
@@ -192,6 +198,10 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
     if gpu_available():
         out["device_peak"] = device_peak_bytes(progs.value_and_grad_jit, params, tokens, key)
 
+    if not with_training:
+        out["trained"] = None
+        out["step_time_s"] = None
+        return out
     with run_ctx():
         p, opt_state = params, progs.init_opt(params)
         for i in range(hparams.steps):

@@ -34,7 +34,11 @@ def test_cli_run_writes_valid_report(tiny_report):
     for c in cases:
         assert REQUIRED_CASE_KEYS <= set(c), c
         assert c["status"] == "pass", c
-        assert c["grads_bitwise_equal"] is True and c["weights_bitwise_equal"] is True
+        assert c["grads_bitwise_equal"] is True
+        if (c["framework"], c["mode"]) == ("jax", "eager"):  # training is checked under jit
+            assert c["weights_bitwise_equal"] is None and c["step_time_s"] is None
+        else:
+            assert c["weights_bitwise_equal"] is True and c["step_time_s"] > 0
         assert c["peak_bytes"] > 0 and c["residual_bytes"] > 0
     for x in report["cross_framework"]:
         assert REQUIRED_CROSS_KEYS <= set(x) and x["ok"], x
