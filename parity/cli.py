@@ -7,6 +7,7 @@ Exit codes: 0 every check passed; 1 a parity check failed or a case errored; 2 b
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -57,11 +58,11 @@ def _suite_from_args(args):
     from .suite import SuiteConfig
 
     preset = get_preset(args.model)
-    dtypes = _split(args.dtype)
+    dtypes = tuple(dict.fromkeys(_split(args.dtype)))
     bad = [d for d in dtypes if d not in SUPPORTED_DTYPES]
     if bad or not dtypes:
         raise ValueError(f"--dtype: unknown dtype {bad or args.dtype!r}; valid: {', '.join(SUPPORTED_DTYPES)}")
-    frameworks = _split(args.frameworks)
+    frameworks = tuple(dict.fromkeys(_split(args.frameworks)))
     badf = [f for f in frameworks if f not in ("jax", "torch")]
     if badf or not frameworks:
         raise ValueError(f"--frameworks: unknown framework {badf or args.frameworks!r}; valid: jax, torch")
@@ -70,6 +71,8 @@ def _suite_from_args(args):
         raise ValueError(f"--schedules is empty; valid forms: {', '.join(SCHEDULE_NAMES)}")
     for s in schedules:
         parse_schedule(s)
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     suite = SuiteConfig(name=args.suite, preset=preset, schedules=schedules, dtypes=dtypes,
@@ -105,15 +108,26 @@ def cmd_run(args) -> int:
         def on_start(label: str) -> None:
             progress.update(task, description=label)
 
+        written = {"cases": 0}
+
+        def write_partial(partial_report: dict) -> None:
+            write_report({**partial_report, "complete": False}, args.out)
+            written["cases"] = len(partial_report["cases"])
+
         def on_case(case: dict) -> None:
             progress.advance(task)
 
         try:
-            report = run_suite(suite, on_case=on_case, on_start=on_start,
-                               on_partial=lambda r: write_report({**r, "complete": False}, args.out))
+            report = run_suite(suite, on_case=on_case, on_start=on_start, on_partial=write_partial)
         except KeyboardInterrupt:
-            console.print(f"[yellow]interrupted[/]: the report in {args.out} holds the finished cases")
-            return 130
+            if written["cases"]:
+                console.print(f"[yellow]interrupted[/]: {args.out / 'report.json'} holds the finished cases")
+            else:
+                console.print("[yellow]interrupted[/] before any case finished: no report was written")
+            # Leave without interpreter teardown: XLA's threads can crash it after an interrupt.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
     report["complete"] = True
     paths = write_report(report, args.out)
     print_tables(report)

@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 REPORT_FILES = ("report.json", "report.md")
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 class OutputDirError(Exception):
@@ -30,9 +32,9 @@ def prepare_out_dir(out: Path, overwrite: bool) -> str | None:
     Raises:
         OutputDirError: ``out`` exists and is not a directory, or cannot be written.
     """
-    if out.exists() and not out.is_dir():
-        raise OutputDirError(f"output path {out} exists and is not a directory; pass another --out")
     try:
+        if out.exists() and not out.is_dir():
+            raise OutputDirError(f"output path {out} exists and is not a directory; pass another --out")
         out.mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-", delete=True)
         probe.close()
@@ -43,9 +45,14 @@ def prepare_out_dir(out: Path, overwrite: bool) -> str | None:
         return None
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     keep = out / "previous" / stamp
-    keep.mkdir(parents=True)
-    for f in existing:
-        shutil.move(str(out / f), str(keep / f))
+    try:
+        keep.mkdir(parents=True)
+        for f in existing:
+            shutil.move(str(out / f), str(keep / f))
+    except OSError as exc:
+        raise OutputDirError(
+            f"cannot keep the previous report in {keep}: {exc.strerror or exc}; move it away or pass --overwrite"
+        ) from None
     return f"previous report kept in {keep} (use --overwrite to replace it instead)"
 
 
@@ -54,6 +61,7 @@ def _atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; a report is meant to be read
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

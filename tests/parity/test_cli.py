@@ -62,6 +62,7 @@ def test_cli_keeps_previous_report(tmp_path):
     assert rc == 0
     kept = list((tmp_path / "previous").glob("*/report.json"))
     assert len(kept) == 1 and kept[0].read_text() == '{"mine": 1}'
+    assert (tmp_path / "report.json").stat().st_mode & 0o044 == 0o044  # readable by others, not 0600
     assert json.loads((tmp_path / "report.json").read_text())["schema"] == 1
 
 
@@ -72,6 +73,7 @@ def test_cli_keeps_previous_report(tmp_path):
     (["--dtype", "float16"], "dtype"),
     (["--model", "gpt-huge"], "valid models"),
     (["--frameworks", "mxnet"], "framework"),
+    (["--seed", "-1"], "--seed"),
 ])
 def test_cli_bad_input_exits_2_without_traceback(tmp_path, args, message):
     proc = subprocess.run([sys.executable, "-m", "parity", "run", "--out", str(tmp_path / "o"), *args],
@@ -86,3 +88,12 @@ def test_cli_unwritable_out_dir(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "parity", "run", "--out", str(target)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "not a directory" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_cannot_keep_previous_report_is_an_error_not_a_loss(tmp_path):
+    (tmp_path / "report.json").write_text('{"mine": 1}')
+    (tmp_path / "previous").write_text("a file where the archive folder would go")
+    proc = subprocess.run([sys.executable, "-m", "parity", "run", "--frameworks", "torch", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "previous report" in proc.stderr and "Traceback" not in proc.stderr
+    assert (tmp_path / "report.json").read_text() == '{"mine": 1}'
