@@ -51,6 +51,11 @@ class ResidualRecord:
             closed-over array), or a layout-only view of one (reshape, slice, split, squeeze,
             transpose, ...; e.g. a segment's parameter slice). Such residuals are parameters or
             data, not activations.
+        name: the activation name (``checkpoint_name`` tag) the residual carries: the tag itself,
+            or the tag that a matrix product's output feeds within a bias add (``h @ W + b``
+            tagged ``qkv_proj`` gives its ``dot_general`` output that name). None when untagged,
+            or for a scan's stacked residuals (names live inside the scan body).
+        memory: ``"device"`` or ``"host"`` (an offloaded residual, memory space pinned_host).
     """
 
     shape: tuple[int, ...]
@@ -58,6 +63,8 @@ class ResidualRecord:
     bytes: int
     description: str
     is_argument: bool
+    name: str | None = None
+    memory: str = "device"
 
 
 def _residual_jaxpr(fn: Callable, args: tuple) -> tuple[_core.Jaxpr, list]:
@@ -73,8 +80,12 @@ def _residual_jaxpr(fn: Callable, args: tuple) -> tuple[_core.Jaxpr, list]:
     return jaxpr, list(jaxpr.outvars[len(jaxpr.outvars) - num_res:])
 
 
-def _argument_flags(fn: Callable, args: tuple) -> list[tuple[Any, bool]]:
-    """(aval, is_argument) per residual, in the order JAX's ``_saved_residuals`` lists them."""
+# Primitives between a matrix product and the tag of the value it produces (``h @ W + b``).
+_TAG_PASS_THROUGH = frozenset({"add", "add_any", "convert_element_type", "reduce_precision"})
+
+
+def _argument_flags(fn: Callable, args: tuple) -> list[tuple[Any, bool, str | None]]:
+    """(aval, is_argument, name) per residual, in the order JAX's ``_saved_residuals`` lists them."""
     jaxpr, outvars = _residual_jaxpr(fn, args)
     subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive.name == "reduce_precision"}
     literals = [v for v in outvars if isinstance(v, _core.Literal)]
@@ -88,10 +99,35 @@ def _argument_flags(fn: Callable, args: tuple) -> list[tuple[Any, bool]]:
                 for out in eqn.outvars:
                     from_input[out] = True
 
-    flags = [(v.aval, False) for v in literals]
-    flags += [(v.aval, True) for v in jaxpr.constvars if v in res_vars]
-    flags += [(v.aval, True) for v in jaxpr.invars if v in res_vars]
-    flags += [(v.aval, from_input.get(v, False)) for e in jaxpr.eqns for v in e.outvars if v in res_vars]
+    producer = {o: e for e in jaxpr.eqns for o in e.outvars}
+    consumers: dict = {}
+    for e in jaxpr.eqns:
+        for i in e.invars:
+            if not isinstance(i, _core.Literal):
+                consumers.setdefault(i, []).append(e)
+
+    def name_of(v) -> str | None:
+        e = producer.get(v)
+        while e is not None and e.primitive.name == "device_put" and not isinstance(e.invars[0], _core.Literal):
+            v, e = e.invars[0], producer.get(e.invars[0])  # an offload copies a tagged value
+        if e is not None and e.primitive.name == "name":
+            return e.params["name"]
+        frontier = [v]
+        for _ in range(4):  # dot -> (reduce_precision) -> bias add -> tag
+            nxt = []
+            for u in frontier:
+                for c in consumers.get(u, []):
+                    if c.primitive.name == "name":
+                        return c.params["name"]
+                    if c.primitive.name in _TAG_PASS_THROUGH:
+                        nxt.extend(c.outvars)
+            frontier = nxt
+        return None
+
+    flags = [(v.aval, False, None) for v in literals]
+    flags += [(v.aval, True, None) for v in jaxpr.constvars if v in res_vars]
+    flags += [(v.aval, True, None) for v in jaxpr.invars if v in res_vars]
+    flags += [(v.aval, from_input.get(v, False), name_of(v)) for e in jaxpr.eqns for v in e.outvars if v in res_vars]
     return flags
 
 
@@ -118,14 +154,15 @@ def saved_residuals(fn: Callable, *args) -> list[ResidualRecord]:
     described = _ad_checkpoint.saved_residuals(fn, *args)
     flags = _argument_flags(fn, args)
     if len(described) != len(flags) or any(
-        tuple(a.shape) != tuple(b.shape) for (a, _), (b, _) in zip(described, flags)
+        tuple(a.shape) != tuple(b[0].shape) for (a, _), b in zip(described, flags)
     ):
         raise RuntimeError("jax._src.ad_checkpoint.saved_residuals changed its order; update jaxremat.memory")
     records = []
-    for (aval, text), (_, is_input) in zip(described, flags):
+    for (aval, text), (_, is_input, name) in zip(described, flags):
         nbytes = int(np.prod(aval.shape, dtype=np.int64)) * int(aval.dtype.itemsize)  # keys: 8 B each
         is_arg = is_input or text.startswith("from the argument") or text == "from a constant"
-        records.append(ResidualRecord(tuple(aval.shape), str(aval.dtype), nbytes, text, is_arg))
+        memory = "host" if "host" in str(getattr(aval, "memory_space", "")).lower() else "device"
+        records.append(ResidualRecord(tuple(aval.shape), str(aval.dtype), nbytes, text, is_arg, name, memory))
     return records
 
 

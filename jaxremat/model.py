@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from .render import remat_scan
 from .spec.config import TransformerConfig
@@ -108,26 +109,35 @@ def block_forward(block_params: dict, x: jax.Array, cfg: TransformerConfig, *, d
 
     Returns:
         (B, T, D), same dtype as ``x``.
+
+    Every activation of :data:`jaxremat.spec.names.ACTIVATION_NAMES` is tagged with
+    ``jax.ad_checkpoint.checkpoint_name`` (an identity), so name-based ``jax.checkpoint``
+    policies (:func:`jaxremat.policies.to_jax_policy`) can keep it.
     """
     p = block_params
     B, T, D = x.shape
     H, hd = cfg.n_head, cfg.head_dim
     keys = (None,) * 3 if dropout_key is None else tuple(jax.random.split(dropout_key, 3))
+    name = checkpoint_name  # tags from jaxremat.spec.names; policies select on them
 
-    h = layer_norm(x, p["h.ln_1.weight"], p["h.ln_1.bias"], cfg.layer_norm_eps)
-    qkv = h @ p["h.attn.c_attn.weight"] + p["h.attn.c_attn.bias"]            # (B, T, 3D)
+    x = name(x, "block_input")
+    h = name(layer_norm(x, p["h.ln_1.weight"], p["h.ln_1.bias"], cfg.layer_norm_eps), "attn_norm")
+    qkv = name(h @ p["h.attn.c_attn.weight"] + p["h.attn.c_attn.bias"], "qkv_proj")  # (B, T, 3D)
     q, k, v = jnp.split(qkv, 3, axis=-1)                                     # 3 x (B, T, D)
     q, k, v = (t.reshape(B, T, H, hd).transpose(0, 2, 1, 3) for t in (q, k, v))  # (B, H, T, hd)
-    scores = (q @ jnp.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(hd))           # (B, H, T, T)
+    scores = name(q @ jnp.swapaxes(k, -1, -2), "attn_scores") * (1.0 / math.sqrt(hd))  # (B, H, T, T)
     causal = jnp.tril(jnp.ones((T, T), dtype=bool))
     scores = jnp.where(causal, scores, -jnp.inf)
-    probs = _dropout(jax.nn.softmax(scores, axis=-1), cfg.dropout, keys[0])
-    y = (probs @ v).transpose(0, 2, 1, 3).reshape(B, T, D)                   # (B, T, D)
-    x = x + _dropout(y @ p["h.attn.c_proj.weight"] + p["h.attn.c_proj.bias"], cfg.dropout, keys[1])
+    probs = _dropout(name(jax.nn.softmax(scores, axis=-1), "attn_probs"), cfg.dropout, keys[0])
+    y = name(probs @ v, "attn_out").transpose(0, 2, 1, 3).reshape(B, T, D)   # (B, H, T, hd) -> (B, T, D)
+    a = name(y @ p["h.attn.c_proj.weight"] + p["h.attn.c_proj.bias"], "out_proj")
+    x = x + _dropout(a, cfg.dropout, keys[1])
 
-    h2 = layer_norm(x, p["h.ln_2.weight"], p["h.ln_2.bias"], cfg.layer_norm_eps)
-    m = jax.nn.gelu(h2 @ p["h.mlp.c_fc.weight"] + p["h.mlp.c_fc.bias"], approximate=True)  # (B, T, F)
-    return x + _dropout(m @ p["h.mlp.c_proj.weight"] + p["h.mlp.c_proj.bias"], cfg.dropout, keys[2])
+    h2 = name(layer_norm(x, p["h.ln_2.weight"], p["h.ln_2.bias"], cfg.layer_norm_eps), "mlp_norm")
+    m = name(h2 @ p["h.mlp.c_fc.weight"] + p["h.mlp.c_fc.bias"], "mlp_hidden")    # (B, T, F)
+    m = name(jax.nn.gelu(m, approximate=True), "mlp_act")
+    out = name(m @ p["h.mlp.c_proj.weight"] + p["h.mlp.c_proj.bias"], "mlp_out")
+    return x + _dropout(out, cfg.dropout, keys[2])
 
 
 def head(params: dict, x: jax.Array, cfg: TransformerConfig) -> jax.Array:

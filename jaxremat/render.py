@@ -55,6 +55,7 @@ from typing import Any, Callable
 import jax
 from jax import lax
 
+from .policies import to_jax_policy
 from .spec.schedules import Schedule, Segment
 
 __all__ = ["ScanGroup", "plan_groups", "remat_scan", "stack_depth"]
@@ -73,6 +74,7 @@ class ScanGroup:
     k: int
     n_seg: int
     checkpointed: bool
+    inner: Any = None
 
 
 def plan_groups(segments: tuple[Segment, ...]) -> tuple[ScanGroup, ...]:
@@ -92,10 +94,11 @@ def plan_groups(segments: tuple[Segment, ...]) -> tuple[ScanGroup, ...]:
             raise ValueError(f"segments must be contiguous, non-empty and start at 0; got {segments}")
         expect = seg.stop
         last = groups[-1] if groups else None
-        if last is not None and last.k == seg.length and last.checkpointed == seg.checkpointed:
+        if (last is not None and last.k == seg.length and last.checkpointed == seg.checkpointed
+                and last.inner == seg.inner):
             groups[-1] = dataclasses.replace(last, stop=seg.stop, n_seg=last.n_seg + 1)
         else:
-            groups.append(ScanGroup(seg.start, seg.stop, seg.length, 1, seg.checkpointed))
+            groups.append(ScanGroup(seg.start, seg.stop, seg.length, 1, seg.checkpointed, seg.inner))
     return tuple(groups)
 
 
@@ -140,7 +143,7 @@ def remat_scan(
     schedule: Schedule,
     *,
     xs: Any = None,
-    policy: Callable[..., bool] | None = None,
+    policy: Any = None,
 ) -> Any:
     """Run ``carry = block_fn(params[i], carry, xs[i])`` for i = 0..N-1 under a remat schedule.
 
@@ -153,8 +156,11 @@ def remat_scan(
         schedule: a :mod:`jaxremat.spec.schedules` value, resolved with ``segments_for(N)``.
         xs: optional extra per-layer pytree with leading axis N (e.g. (N,) dropout keys); the
             same slice is fed to the recompute, so random masks are reproduced exactly.
-        policy: optional ``jax.checkpoint`` policy (e.g. a ``jax.checkpoint_policies`` member)
-            for the checkpointed segments; None saves nothing inside a segment.
+        policy: what a checkpointed segment keeps inside itself: a policy name or
+            :class:`jaxremat.spec.policies.Policy` (rendered by
+            :func:`jaxremat.policies.to_jax_policy`), a raw ``jax.checkpoint`` policy, or None
+            (keep nothing). For nested schedules it applies to the inner segments; an outer
+            segment keeps only its input.
 
     Returns:
         The carry after the N layers.
@@ -165,6 +171,7 @@ def remat_scan(
 
     Source: ``jax.checkpoint`` + ``jax.lax.scan``; Chen et al. 2016, arXiv:1604.06174.
     """
+    jax_policy = to_jax_policy(policy)
     n_layer = stack_depth(stacked_params, xs)
     groups = plan_groups(schedule.segments_for(n_layer))
     param_parts = _split_groups(stacked_params, groups)
@@ -177,14 +184,19 @@ def remat_scan(
     def run_segment(c, seg_params, seg_xs):
         return lax.scan(layer_step, c, (seg_params, seg_xs))[0]
 
-    run_segment_remat = jax.checkpoint(run_segment, policy=policy, prevent_cse=False)
+    def segment_step_for(g: ScanGroup):
+        if g.inner is None:
+            body = jax.checkpoint(run_segment, policy=jax_policy, prevent_cse=False)
+        else:  # nested: the outer segment keeps its input only; its recompute runs the inner schedule
+            def run_inner(c, seg_params, seg_xs):
+                return remat_scan(block_fn, seg_params, c, g.inner, xs=seg_xs, policy=jax_policy)
 
-    def segment_step(c, seg):
-        return run_segment_remat(c, *seg), None
+            body = jax.checkpoint(run_inner, prevent_cse=False)
+        return lambda c, seg: (body(c, *seg), None)
 
     for g, p, x in zip(groups, param_parts, xs_parts):
         if g.checkpointed:
-            carry = lax.scan(segment_step, carry, (_segment_major(p, g), _segment_major(x, g)))[0]
+            carry = lax.scan(segment_step_for(g), carry, (_segment_major(p, g), _segment_major(x, g)))[0]
         else:
             carry = run_segment(carry, p, x)
     return carry

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 from jaxremat.spec import TransformerConfig, check_params, param_shapes
 
+from .names import activation
+
 
 def torch_dtype(cfg: TransformerConfig) -> torch.dtype:
     """The torch dtype of ``cfg.dtype`` (``torch.float32`` or ``torch.float64``)."""
@@ -63,18 +65,23 @@ class CausalSelfAttention(nn.Module):
             ``(B, T, D)``: ``dropout(y @ W_proj + b_proj)``.
         """
         B, T, D = h.shape
-        qkv = self.c_attn(h)  # (B, T, 3D)
-        q, k, v = qkv.split(D, dim=-1)  # 3 x (B, T, D)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, H, T, T)
+        H, hd = self.n_head, self.head_dim
+        with activation("qkv_proj"):
+            qkv = torch.addmm(self.c_attn.bias, h.reshape(B * T, D), self.c_attn.weight.t())  # (B*T, 3D)
+        q, k, v = (t.reshape(B, T, H, hd).transpose(1, 2).reshape(B * H, T, hd) for t in qkv.split(D, dim=-1))
+        with activation("attn_scores"):
+            scores = torch.bmm(q, k.transpose(1, 2)).view(B, H, T, T)  # raw q @ k^T
+        scores = scores * (1.0 / math.sqrt(hd))
         scores = scores.masked_fill(~self.causal_mask[:T, :T], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        with activation("attn_probs"):
+            probs = torch.softmax(scores, dim=-1)  # (B, H, T, T)
         probs = _dropout(probs, self.dropout, self.training)
-        y = probs @ v  # (B, H, T, hd)
-        y = y.transpose(1, 2).contiguous().view(B, T, D)
-        return _dropout(self.c_proj(y), self.dropout, self.training)
+        with activation("attn_out"):
+            y = torch.bmm(probs.view(B * H, T, T), v).view(B, H, T, hd)
+        y = y.transpose(1, 2).reshape(B * T, D)  # heads merged
+        with activation("out_proj"):
+            a = torch.addmm(self.c_proj.bias, y, self.c_proj.weight.t()).view(B, T, D)
+        return _dropout(a, self.dropout, self.training)
 
 
 class MLP(nn.Module):
@@ -89,8 +96,14 @@ class MLP(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """``(B, T, D) -> (B, T, D)``."""
-        m = F.gelu(self.c_fc(h), approximate="tanh")  # (B, T, F)
-        return _dropout(self.c_proj(m), self.dropout, self.training)
+        B, T, D = h.shape
+        with activation("mlp_hidden"):
+            m = torch.addmm(self.c_fc.bias, h.reshape(B * T, D), self.c_fc.weight.t())  # (B*T, F)
+        with activation("mlp_act"):
+            m = F.gelu(m, approximate="tanh")
+        with activation("mlp_out"):
+            out = torch.addmm(self.c_proj.bias, m, self.c_proj.weight.t()).view(B, T, D)
+        return _dropout(out, self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -106,8 +119,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, D) -> (B, T, D)`` residual stream, same dtype."""
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        with activation("attn_norm"):
+            h = self.ln_1(x)
+        x = x + self.attn(h)
+        with activation("mlp_norm"):
+            h = self.ln_2(x)
+        return x + self.mlp(h)
 
 
 def split_tokens(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,8 +22,10 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from jaxremat.spec import Schedule, Segments, Sqrt
+from jaxremat.spec.policies import Policy
 
 from .model import GPT, lm_loss, split_tokens
+from .policies import SelectiveCheckpoint
 
 CheckpointInputHook = Callable[[torch.Tensor], None]
 
@@ -65,8 +67,24 @@ def _forward_checkpoint_sequential(
         active = False
 
 
+def _as_selective(policy) -> Optional[SelectiveCheckpoint]:
+    if policy is None or isinstance(policy, SelectiveCheckpoint):
+        return policy
+    return SelectiveCheckpoint(policy)
+
+
+def _checkpointed(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                  sac: Optional[SelectiveCheckpoint]) -> torch.Tensor:
+    """``run(x)`` under non-reentrant checkpoint, selective when the policy keeps anything."""
+    if sac is not None and not sac.checkpoints:  # save_everything: keep what autograd keeps
+        return run(x)
+    kwargs = {"context_fn": sac.context_fn} if sac is not None and sac.selective else {}
+    return checkpoint(run, x, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+
 def forward_blocks(
     blocks: Sequence[nn.Module], x: torch.Tensor, schedule: Schedule, *,
+    policy: "Policy | str | SelectiveCheckpoint | None" = None,
     on_checkpoint_input: Optional[CheckpointInputHook] = None,
 ) -> torch.Tensor:
     """Run ``x`` through ``blocks`` under ``schedule`` (``schedule.segments_for(len(blocks))``).
@@ -75,34 +93,49 @@ def forward_blocks(
         blocks: the N blocks of the stack, applied in order; each maps a tensor to a tensor of the
             same shape (for :class:`torchref.model.Block`, ``(B, T, D)`` in the model dtype).
         x: input of the first block.
-        schedule: a :mod:`jaxremat.spec.schedules` value.
-        on_checkpoint_input: called with the input tensor of each checkpointed segment, once, during
-            this forward pass (e.g. :meth:`torchref.memory.SavedActivationRecorder.record_boundary`).
+        schedule: a :mod:`jaxremat.spec.schedules` value; nested schedules recompute each
+            checkpointed outer segment under the inner schedule (nested non-reentrant checkpoints).
+        policy: what checkpointed segments keep inside (a policy name, a
+            :class:`jaxremat.spec.policies.Policy`, or a :class:`torchref.policies.SelectiveCheckpoint`
+            to read its records); None keeps nothing. For nested schedules it applies to the inner
+            segments only.
+        on_checkpoint_input: called with the input tensor of each (outer) checkpointed segment,
+            once, during this forward pass (e.g.
+            :meth:`torchref.memory.SavedActivationRecorder.record_boundary`).
 
     Returns:
         Output of the last block, same shape and dtype as ``x``.
 
     Raises:
-        ValueError: the schedule is invalid for ``len(blocks)`` (e.g. ``segments(s)`` with s > N).
+        ValueError: the schedule is invalid for ``len(blocks)`` (e.g. ``segments(s)`` with s > N),
+            or the policy is unknown or cannot be rendered in PyTorch.
     """
     blocks = list(blocks)
     segs = schedule.segments_for(len(blocks))
-    if isinstance(schedule, (Segments, Sqrt)):
+    sac = _as_selective(policy)
+    plain_policy = sac is None or (sac.checkpoints and not sac.selective)
+    if isinstance(schedule, (Segments, Sqrt)) and plain_policy:
         starts = {s.start for s in segs if s.checkpointed}
         return _forward_checkpoint_sequential(blocks, x, len(segs), starts, on_checkpoint_input)
     for seg in segs:
         run = _run_segment(blocks[seg.start:seg.stop])
-        if seg.checkpointed:
-            if on_checkpoint_input is not None:
-                on_checkpoint_input(x)
-            x = checkpoint(run, x, use_reentrant=False, preserve_rng_state=True)
-        else:
+        if not seg.checkpointed:
             x = run(x)
+            continue
+        if on_checkpoint_input is not None:
+            on_checkpoint_input(x)
+        if seg.inner is None:
+            x = _checkpointed(run, x, sac)
+        else:
+            inner_blocks, inner = blocks[seg.start:seg.stop], seg.inner
+            x = checkpoint(lambda t: forward_blocks(inner_blocks, t, inner, policy=sac), x,
+                           use_reentrant=False, preserve_rng_state=True)
     return x
 
 
 def model_loss(
     model: GPT, tokens: torch.Tensor, schedule: Schedule, *,
+    policy: "Policy | str | SelectiveCheckpoint | None" = None,
     on_checkpoint_input: Optional[CheckpointInputHook] = None,
 ) -> torch.Tensor:
     """Mean next-token cross-entropy of ``model`` with its blocks run under ``schedule``.
@@ -113,6 +146,7 @@ def model_loss(
         model: the transformer.
         tokens: ``(B, T+1)`` integer token ids; inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
         schedule: remat schedule for ``model.blocks``.
+        policy: see :func:`forward_blocks`.
         on_checkpoint_input: see :func:`forward_blocks`.
 
     Returns:
@@ -124,5 +158,5 @@ def model_loss(
     """
     inputs, targets = split_tokens(tokens)
     x = model.embed(inputs)
-    x = forward_blocks(model.blocks, x, schedule, on_checkpoint_input=on_checkpoint_input)
+    x = forward_blocks(model.blocks, x, schedule, policy=policy, on_checkpoint_input=on_checkpoint_input)
     return lm_loss(model.head(x), targets)

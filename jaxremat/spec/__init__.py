@@ -12,6 +12,7 @@ from .schedules import (
     SCHEDULE_NAMES,
     EveryK,
     Full,
+    Nested,
     NoRemat,
     Schedule,
     Segment,
@@ -19,6 +20,7 @@ from .schedules import (
     Sqrt,
     every_k,
     full,
+    nested,
     none,
     parse_schedule,
     segments,
@@ -28,6 +30,6 @@ from .schedules import (
 __all__ = [
     "AdamWConfig", "SUPPORTED_DTYPES", "TransformerConfig", "peak_units", "recomputed_blocks", "stored_boundaries",
     "BLOCK_PARAM_NAMES", "check_params", "init_params", "param_shapes", "DEFAULT_SCHEDULES",
-    "SCHEDULE_NAMES", "EveryK", "Full", "NoRemat", "Schedule", "Segment", "Segments", "Sqrt",
+    "SCHEDULE_NAMES", "EveryK", "Full", "Nested", "NoRemat", "nested", "Schedule", "Segment", "Segments", "Sqrt",
     "every_k", "full", "none", "parse_schedule", "segments", "sqrt",
 ]

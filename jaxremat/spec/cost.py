@@ -13,6 +13,11 @@ so for ``s`` equal checkpointed segments the peak is ``s + N/s``, minimal at ``s
 where it equals ``2 * sqrt(N)`` (64 blocks, 8 segments: 16). ``none`` is one segment of N blocks,
 ``N + 1`` units. The model cannot see inside a block, so ``full`` (N segments of one block) also
 reads ``N + 1``: per-block savings need a per-tensor account, not this model.
+
+Nested schedules: while checkpointed outer segment j is recomputed and run backward under its
+inner schedule, the live units are the j outer boundaries below it, the units kept below, and
+the inner chain's own peak over the segment's length (whose first boundary is segment j's input):
+``j + kept_below + peak_units(length_j, inner)``.
 """
 
 from __future__ import annotations
@@ -32,15 +37,24 @@ def peak_units(n_layer: int, schedule: Schedule) -> int:
     kept_below = 0  # units kept from the forward pass by non-checkpointed segments below j
     peak = 0
     for j, seg in enumerate(segs):
-        peak = max(peak, (j + 1) + seg.length + kept_below)
+        inner_peak = seg.length + 1 if seg.inner is None else peak_units(seg.length, seg.inner)
+        peak = max(peak, j + inner_peak + kept_below)
         if not seg.checkpointed:
             kept_below += seg.length
     return max(peak, len(segs) + kept_below)  # the end of the forward pass
 
 
 def recomputed_blocks(n_layer: int, schedule: Schedule) -> int:
-    """Block forwards recomputed per training step: the blocks of every checkpointed segment."""
-    return sum(s.length for s in schedule.segments_for(n_layer) if s.checkpointed)
+    """Block forwards recomputed per training step: the blocks of every checkpointed segment.
+
+    Nested: each checkpointed outer segment's blocks once, plus the inner schedule's recomputes
+    within it (blocks of inner checkpointed segments run a third time).
+    """
+    total = 0
+    for s in schedule.segments_for(n_layer):
+        if s.checkpointed:
+            total += s.length + (0 if s.inner is None else recomputed_blocks(s.length, s.inner))
+    return total
 
 
 def stored_boundaries(n_layer: int, schedule: Schedule) -> int:

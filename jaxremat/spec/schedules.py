@@ -19,11 +19,17 @@ from typing import Union
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """Blocks ``[start, stop)`` of the stack, recomputed in the backward pass when ``checkpointed``."""
+    """Blocks ``[start, stop)`` of the stack, recomputed in the backward pass when ``checkpointed``.
+
+    ``inner`` (nested schedules only): the schedule under which a checkpointed segment's interior
+    is recomputed in the backward pass, resolved over the segment's own ``length`` blocks. None
+    means the interior is recomputed plainly, keeping everything until its backward pass is done.
+    """
 
     start: int
     stop: int
     checkpointed: bool
+    inner: "Schedule | None" = None
 
     @property
     def length(self) -> int:
@@ -148,7 +154,56 @@ class Sqrt:
         return Segments(self.n_segments(n_layer)).segments_for(n_layer)
 
 
-Schedule = Union[NoRemat, Full, EveryK, Segments, Sqrt]
+@dataclasses.dataclass(frozen=True)
+class Nested:
+    """``nested(outer,inner)``: two-level checkpointing, e.g. ``nested(sqrt,sqrt)``.
+
+    The forward pass keeps only the boundaries of ``outer``'s segments. In the backward pass each
+    checkpointed outer segment is recomputed under ``inner`` (resolved over that segment's own
+    length, so no divisibility is needed): the recompute keeps the inner boundaries, and each
+    inner checkpointed segment is recomputed once more during its own backward pass. Blocks in
+    inner checkpointed segments therefore run three times per step, others twice. Outer segments
+    that are not checkpointed (the last one of ``segments``/``sqrt``) run plainly.
+
+    Source: Chen et al. 2016, arXiv:1604.06174, section 4.2 (recursive application gives
+    O(log N) memory); torch nests non-reentrant ``checkpoint`` calls, JAX nests ``jax.checkpoint``.
+
+    Raises:
+        ValueError: ``outer`` or ``inner`` is not a schedule, or is itself nested (at
+            construction); ``inner`` is invalid for an outer segment's length (when resolved,
+            e.g. ``segments(3)`` inside a 2-block segment).
+    """
+
+    outer: "Schedule"
+    inner: "Schedule"
+
+    def __post_init__(self) -> None:
+        for role, sched in (("outer", self.outer), ("inner", self.inner)):
+            if not isinstance(sched, _FLAT_SCHEDULES):
+                raise ValueError(f"nested: {role} must be one of {', '.join(SCHEDULE_NAMES[:5])}, got {sched!r}")
+
+    @property
+    def name(self) -> str:
+        return f"nested({self.outer.name},{self.inner.name})"
+
+    def segments_for(self, n_layer: int) -> tuple[Segment, ...]:
+        out = []
+        for seg in self.outer.segments_for(n_layer):
+            if seg.checkpointed:
+                try:
+                    self.inner.segments_for(seg.length)
+                except ValueError as exc:
+                    raise ValueError(
+                        f"{self.name} at n_layer={n_layer}: the inner schedule does not fit the outer segment "
+                        f"[{seg.start}, {seg.stop}) of {seg.length} blocks: {exc}"
+                    ) from None
+                seg = dataclasses.replace(seg, inner=self.inner)
+            out.append(seg)
+        return tuple(out)
+
+
+_FLAT_SCHEDULES = (NoRemat, Full, EveryK, Segments, Sqrt)
+Schedule = Union[NoRemat, Full, EveryK, Segments, Sqrt, Nested]
 
 none = NoRemat()
 full = Full()
@@ -165,18 +220,37 @@ def segments(s: int) -> Segments:
     return Segments(s)
 
 
-SCHEDULE_NAMES = ("none", "full", "every_k(K)", "sqrt", "segments(S)")
+def nested(outer: Schedule, inner: Schedule) -> Nested:
+    """Two-level checkpointing; see :class:`Nested`."""
+    return Nested(outer, inner)
+
+
+SCHEDULE_NAMES = ("none", "full", "every_k(K)", "sqrt", "segments(S)", "nested(OUTER,INNER)", "nested")
 DEFAULT_SCHEDULES = ("none", "full", "every_k(2)", "sqrt", "segments(4)")
 
 
 def parse_schedule(text: str) -> Schedule:
-    """Parse a schedule name such as ``"none"``, ``"every_k(2)"`` or ``"segments(4)"``.
+    """Parse a schedule name such as ``"none"``, ``"every_k(2)"``, ``"segments(4)"`` or
+    ``"nested(sqrt,every_k(2))"`` (``"nested"`` alone is ``nested(sqrt,sqrt)``).
 
     Raises:
         ValueError: the name is unknown (the message lists the valid names) or its parameter is
             not a valid integer.
     """
     t = str(text).strip().replace(" ", "")
+    if t == "nested":
+        return Nested(sqrt, sqrt)
+    if t.startswith("nested(") and t.endswith(")"):
+        body = t[len("nested("):-1]
+        depth, cut = 0, None
+        for i, ch in enumerate(body):
+            depth += ch == "("
+            depth -= ch == ")"
+            if ch == "," and depth == 0:
+                cut = i
+        if cut is None:
+            raise ValueError(f"schedule {text!r}: nested needs two schedules, e.g. nested(sqrt,sqrt)")
+        return Nested(parse_schedule(body[:cut]), parse_schedule(body[cut + 1:]))
     if t == "none":
         return none
     if t == "full":

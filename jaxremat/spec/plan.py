@@ -1,0 +1,57 @@
+"""A remat plan: a schedule over the block stack plus a policy inside its checkpointed segments.
+
+Written ``SCHEDULE`` or ``SCHEDULE+POLICY``: ``sqrt``, ``full+attention_only``,
+``every_k(2)+save_qkv_proj``, ``nested(sqrt,sqrt)+save_dots``. The policy applies inside every
+checkpointed segment (for nested schedules: inside the innermost ones); ``save_nothing`` is the
+default and is left out of the name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .policies import POLICIES, Policy, parse_policy
+from .schedules import NoRemat, Schedule, parse_schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class RematPlan:
+    """A schedule and the policy its checkpointed segments follow.
+
+    Raises:
+        ValueError: a policy other than ``save_nothing`` on ``none`` (nothing is checkpointed, so
+            the policy would silently do nothing).
+    """
+
+    schedule: Schedule
+    policy: Policy = POLICIES["save_nothing"]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.schedule, NoRemat) and not self.policy.saves_nothing:
+            raise ValueError(
+                f"policy {self.policy.name!r} has no effect on schedule 'none' (nothing is checkpointed); "
+                f"combine it with a schedule that checkpoints, e.g. 'full+{self.policy.name}'"
+            )
+
+    @property
+    def name(self) -> str:
+        """``schedule`` or ``schedule+policy`` (canonical policy name)."""
+        if self.policy.name == "save_nothing":
+            return self.schedule.name
+        return f"{self.schedule.name}+{self.policy.name}"
+
+
+def parse_plan(text: "str | RematPlan") -> RematPlan:
+    """Parse ``SCHEDULE`` or ``SCHEDULE+POLICY``; see the module docstring.
+
+    Raises:
+        ValueError: unknown schedule or policy (the messages list the valid names), or a policy
+            on ``none``.
+    """
+    if isinstance(text, RematPlan):
+        return text
+    t = str(text).strip().replace(" ", "")
+    sched_text, plus, policy_text = t.partition("+")
+    if plus and not policy_text:
+        raise ValueError(f"plan {text!r}: nothing after '+'; write SCHEDULE+POLICY, e.g. full+save_dots")
+    return RematPlan(parse_schedule(sched_text), parse_policy(policy_text) if plus else POLICIES["save_nothing"])
