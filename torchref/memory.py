@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn as nn
 
+from .names import current_name
+
 
 class SavedActivationRecorder(torch.autograd.graph.saved_tensors_hooks):
     """Record every tensor saved for backward while the context is open, once per storage.
@@ -46,7 +48,8 @@ class SavedActivationRecorder(torch.autograd.graph.saved_tensors_hooks):
     Attributes:
         records: one dict per counted storage: ``shape`` (tuple of int) and ``dtype`` (str, e.g.
             ``"float32"``) of the first tensor seen on that storage, ``bytes`` (int, the storage's
-            size), ``source`` (``"saved"`` or ``"checkpoint_input"``).
+            size), ``source`` (``"saved"`` or ``"checkpoint_input"``), ``region`` (the activation
+            region, :func:`torchref.names.current_name`, of the op that saved it, or None).
 
     Storages are identified by address, so open the recorder around a forward pass whose saved
     tensors all stay alive until it ends (as in any forward pass; keep the loss if you record more
@@ -76,6 +79,7 @@ class SavedActivationRecorder(torch.autograd.graph.saved_tensors_hooks):
             "dtype": str(t.dtype).removeprefix("torch."),
             "bytes": int(storage.nbytes()),
             "source": source,
+            "region": current_name(),
         })
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
