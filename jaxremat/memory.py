@@ -49,8 +49,9 @@ class ResidualRecord:
             ``"from the argument params['wte']"``.
         is_argument: True when the residual is one of the function's inputs (an argument or a
             closed-over array), or a layout-only view of one (reshape, slice, split, squeeze,
-            transpose, ...; e.g. a segment's parameter slice). Such residuals are parameters or
-            data, not activations.
+            transpose, ...; e.g. a segment's parameter slice), or a literal constant (a scalar
+            JAX lists without remat and inlines under ``jax.checkpoint``). Such residuals are
+            parameters, data or constants, not activations.
         name: the activation name (``checkpoint_name`` tag) the residual carries: the tag itself,
             or the tag that a matrix product's output feeds within a bias add (``h @ W + b``
             tagged ``qkv_proj`` gives its ``dot_general`` output that name). None when untagged,
@@ -160,7 +161,7 @@ def saved_residuals(fn: Callable, *args) -> list[ResidualRecord]:
     records = []
     for (aval, text), (_, is_input, name) in zip(described, flags):
         nbytes = int(np.prod(aval.shape, dtype=np.int64)) * int(aval.dtype.itemsize)  # keys: 8 B each
-        is_arg = is_input or text.startswith("from the argument") or text == "from a constant"
+        is_arg = is_input or text.startswith("from the argument") or text in ("from a constant", "from a literal")
         memory = "host" if "host" in str(getattr(aval, "memory_space", "")).lower() else "device"
         records.append(ResidualRecord(tuple(aval.shape), str(aval.dtype), nbytes, text, is_arg, name, memory))
     return records

@@ -12,14 +12,25 @@ import sys
 from pathlib import Path
 
 from jaxremat.spec import DEFAULT_SCHEDULES, SCHEDULE_NAMES, SUPPORTED_DTYPES
+from jaxremat.spec.policies import POLICY_NAMES
 
 from .models import PRESETS, get_preset
 
-SUITES = ("quick",)
+SUITES = ("quick", "full")
 
 
 def _split(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
+    """Split at commas outside parentheses: ``nested(sqrt,sqrt),full`` -> two items."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return tuple(p.strip() for p in parts if p.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,12 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the parity suite and write report.json and report.md",
                          description="Run the parity suite and write report.json / report.md into --out.")
     run.add_argument("--suite", default="quick", choices=SUITES,
-                     help="which cases to run: 'quick' = the model's segment schedules, float32 by default (default: quick)")
+                     help="which plans to run when --schedules is not given: 'quick' = the segment schedules; "
+                     "'full' = every schedule, every named policy and nested schedule, and combinations (default: quick)")
     run.add_argument("--model", default="gpt-small",
                      help="model preset: " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
-    run.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
-                     help=f"comma-separated schedules to check against 'none' (forms: {', '.join(SCHEDULE_NAMES)}); "
-                     f"default: {','.join(DEFAULT_SCHEDULES)}")
+    run.add_argument("--schedules", default=None,
+                     help=f"comma-separated plans SCHEDULE or SCHEDULE+POLICY to check against 'none' (schedules: "
+                     f"{', '.join(SCHEDULE_NAMES)}; policies: {', '.join(POLICY_NAMES)}; the '+' needs no quoting); "
+                     f"default: the --suite's list (quick: {','.join(DEFAULT_SCHEDULES)})")
     run.add_argument("--dtype", default="float32",
                      help=f"comma-separated dtypes among {', '.join(SUPPORTED_DTYPES)} (default: float32)")
     run.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
@@ -53,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _suite_from_args(args):
-    from jaxremat.spec import parse_schedule
+    from jaxremat.spec.plan import parse_plan
 
-    from .suite import SuiteConfig
+    from .suite import SUITE_PLANS, SuiteConfig
 
     preset = get_preset(args.model)
     dtypes = tuple(dict.fromkeys(_split(args.dtype)))
@@ -66,11 +79,11 @@ def _suite_from_args(args):
     badf = [f for f in frameworks if f not in ("jax", "torch")]
     if badf or not frameworks:
         raise ValueError(f"--frameworks: unknown framework {badf or args.frameworks!r}; valid: jax, torch")
-    schedules = _split(args.schedules)
+    schedules = SUITE_PLANS[args.suite] if args.schedules is None else _split(args.schedules)
     if not schedules:
         raise ValueError(f"--schedules is empty; valid forms: {', '.join(SCHEDULE_NAMES)}")
     for s in schedules:
-        parse_schedule(s)
+        parse_plan(s)
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.repeats < 1:

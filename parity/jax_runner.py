@@ -34,6 +34,9 @@ from jaxremat.memory import compiled_stats, device_peak_bytes, gpu_available, sa
 from jaxremat.model import loss_fn
 from jaxremat.reverse_loop import reverse_loop_value_and_grad
 from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig, check_params, param_shapes
+from jaxremat.spec.policies import POLICIES, Policy, parse_policy
+
+SAVE_NOTHING = POLICIES["save_nothing"]
 
 MODES = ("jit", "eager")
 
@@ -66,13 +69,13 @@ class _Programs:
 
 
 @functools.lru_cache(maxsize=64)
-def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig) -> _Programs:
+def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, policy: Policy = SAVE_NOTHING) -> _Programs:
     """Build (once per key) the loss+grad, AdamW update and reverse-loop functions."""
     tx = optax.adamw(hparams.learning_rate, b1=hparams.b1, b2=hparams.b2, eps=hparams.eps,
                      weight_decay=hparams.weight_decay)
 
     def value_and_grad(params, tokens, key):
-        return jax.value_and_grad(loss_fn)(params, tokens, cfg, schedule, key)
+        return jax.value_and_grad(loss_fn)(params, tokens, cfg, schedule, key, policy=policy)
 
     def apply_adamw(grads, opt_state, params):
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -87,13 +90,13 @@ def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig) 
 
 @functools.lru_cache(maxsize=64)
 def _compiled_value_and_grad(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, tokens_shape,
-                             has_key: bool):
+                             has_key: bool, policy: Policy = SAVE_NOTHING):
     """The jitted loss+grad step compiled ahead of time, once per key.
 
     The same executable runs the jit-mode gradients and training steps and gives the compiled
     memory analysis, so each schedule's program is compiled once (compiling costs seconds here).
     """
-    progs = _programs(cfg, schedule, hparams)
+    progs = _programs(cfg, schedule, hparams, policy)
     params = {k: jax.ShapeDtypeStruct(v, jnp.dtype(cfg.dtype)) for k, v in param_shapes(cfg).items()}
     tokens = jax.ShapeDtypeStruct(tokens_shape, jnp.int32)
     key = jax.random.key(0) if has_key else None
@@ -113,7 +116,7 @@ def _check_dtypes(cfg: TransformerConfig, what: str, tree: dict) -> None:
 def run_schedule(
     cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, schedule: Schedule, *,
     mode: str, hparams: AdamWConfig, timing_repeats: int = 5, with_reverse_loop: bool = True, seed: int = 0,
-    with_training: bool = True,
+    with_training: bool = True, policy: Policy | str | None = None,
 ) -> dict[str, Any]:
     """Loss, gradients, training, residual and peak memory, and step time of one remat schedule.
 
@@ -130,13 +133,15 @@ def run_schedule(
         with_training: run the AdamW steps and the timed steps; when False, ``trained`` and
             ``step_time_s`` are None (the harness skips them op by op, where a step costs a second
             of Python dispatch and its time says nothing about remat).
+        policy: what checkpointed segments keep inside (:func:`jaxremat.policies.to_jax_policy`);
+            None keeps nothing.
         seed: dropout keys come from ``jax.random.key(seed)`` when ``cfg.dropout > 0``: the loss
             and gradients use it directly, training step i uses ``fold_in(key, i)``.
 
     Returns:
         dict with ``loss`` (0-d numpy, ``cfg.dtype``), ``grads`` and ``trained`` (canonical
         dicts of numpy), ``residual_bytes`` (int, non-argument saved residual bytes of
-        ``loss_fn``), ``residuals`` (list of dicts: shape, dtype, bytes, description,
+        ``loss_fn`` in device memory), ``offloaded_bytes`` (int, those in host memory), ``residuals`` (list of dicts: shape, dtype, bytes, description,
         is_argument), ``peak_bytes`` (int, XLA compiled memory of the jitted loss+grad step, in
         both modes), ``peak_source``, ``peak_breakdown`` (dict of bytes), ``step_time_s``
         (median seconds of one training step -- loss+gradients then the AdamW update
@@ -158,12 +163,12 @@ def run_schedule(
     x64 = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
     with x64:
         return _run(cfg, params, tokens, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,
-                    with_training)
+                    with_training, parse_policy(policy))
 
 
 def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,
-         with_training) -> dict:
-    progs = _programs(cfg, schedule, hparams)
+         with_training, policy) -> dict:
+    progs = _programs(cfg, schedule, hparams, policy)
     params = {k: jnp.asarray(v) for k, v in params_np.items()}
     _check_dtypes(cfg, "params", params)
     tokens = jnp.asarray(tokens_np, dtype=jnp.int32)
@@ -171,7 +176,7 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
     step_key = (lambda i: jax.random.fold_in(key, i)) if key is not None else (lambda i: None)
     eager = mode == "eager"
     run_ctx = jax.disable_jit if eager else contextlib.nullcontext
-    compiled_vg = _compiled_value_and_grad(cfg, schedule, hparams, tuple(tokens.shape), key is not None)
+    compiled_vg = _compiled_value_and_grad(cfg, schedule, hparams, tuple(tokens.shape), key is not None, policy)
     vg = progs.value_and_grad if eager else compiled_vg
     step = functools.partial(progs.train_step, value_and_grad=vg, jit=not eager)
     reverse = progs.reverse_loop if eager else progs.reverse_loop_jit
@@ -182,14 +187,15 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
     _check_dtypes(cfg, "grads", {"loss": out["loss"], **out["grads"]})
 
     out["reverse_loop_grads"] = None
-    if with_reverse_loop and any(s.checkpointed for s in schedule.segments_for(cfg.n_layer)):
+    if with_reverse_loop and policy.saves_nothing and any(s.checkpointed for s in schedule.segments_for(cfg.n_layer)):
         with run_ctx():
             _, rl_grads = jax.block_until_ready(reverse(params, tokens, key))
         out["reverse_loop_grads"] = _to_numpy(rl_grads)
 
-    records = saved_residuals(lambda p: loss_fn(p, tokens, cfg, schedule, key), params)
+    records = saved_residuals(lambda p: loss_fn(p, tokens, cfg, schedule, key, policy=policy), params)
     out["residuals"] = [dataclasses.asdict(r) for r in records]
-    out["residual_bytes"] = int(sum(r.bytes for r in records if not r.is_argument))
+    out["residual_bytes"] = int(sum(r.bytes for r in records if not r.is_argument and r.memory == "device"))
+    out["offloaded_bytes"] = int(sum(r.bytes for r in records if not r.is_argument and r.memory == "host"))
 
     mem = compiled_stats(compiled_vg)
     out["peak_bytes"] = int(mem["peak_bytes"])

@@ -88,7 +88,8 @@ def _bit(x) -> str:
 
 
 CASE_COLUMNS = ("framework", "mode", "dtype", "schedule", "status", "grads bitwise", "weights bitwise",
-                "reverse loop", "max ULP", "saved", "saved/none", "peak", "peak/none", "units/none",
+                "reverse loop", "max ULP", "names as declared", "saved", "saved/none", "offloaded", "peak", "peak/none",
+                "units/none",
                 "recomputed", "step ms", "time/none")
 
 
@@ -97,8 +98,9 @@ def case_row(c: dict) -> list[str]:
     return [
         c["framework"], c["mode"], c["dtype"], c["schedule"], c["status"],
         _bit(c["grads_bitwise_equal"]), _bit(c["weights_bitwise_equal"]), _bit(c["reverse_loop_bitwise_equal"]),
-        "-" if c["max_ulp"] is None else str(c["max_ulp"]),
+        "-" if c["max_ulp"] is None else str(c["max_ulp"]), _bit(c.get("names_ok")),
         _fmt_bytes(c["residual_bytes"]), _fmt_ratio(c["residual_ratio"]),
+        "-" if not c.get("offloaded_bytes") else _fmt_bytes(c["offloaded_bytes"]),
         _fmt_bytes(c["peak_bytes"]), _fmt_ratio(c["peak_ratio"]), _fmt_ratio(c["predicted_unit_ratio"]),
         str(c["recomputed_blocks"]),
         "-" if c["step_time_s"] is None else f"{1e3 * c['step_time_s']:.1f}", _fmt_ratio(c["time_overhead"]),
@@ -158,7 +160,9 @@ def markdown(report: dict) -> str:
         "",
         "Each case compares one schedule with `none` in the same framework and mode, byte for byte "
         "(the `none` row compares two runs of itself). `saved` = activation bytes kept for the backward "
-        "pass (parameters excluded); `peak` = peak bytes of one training step (source per case in "
+        "pass in device memory (parameters excluded); `offloaded` = bytes a policy moved to host memory "
+        "instead; `names as declared` = one checkpointed block keeps exactly the activation names its "
+        "policy declares (see below); `peak` = peak bytes of one training step (source per case in "
         "report.json); `units/none` = the chain model's peak units (segments + longest segment) over "
         "`none`'s; `time/none` = median step time over `none`'s.",
         "",
@@ -171,6 +175,22 @@ def markdown(report: dict) -> str:
         for x in report["cross_framework"]:
             seen[x["dtype"]] = x["tolerance_reason"]
         parts += [f"- **{d}**: {r}" for d, r in seen.items()] + [""]
+    kept_rows, seen_policies = [], set()
+    for c in report["cases"]:
+        names = c.get("block_names")
+        if not names or (c["framework"], c["policy"]) in seen_policies:
+            continue
+        seen_policies.add((c["framework"], c["policy"]))
+        shapes = ", ".join(f"{t['name']} {tuple(t['shape'])}{' (host)' if t['memory'] == 'host' else ''}"
+                           for t in names["tensors"])
+        kept_rows.append([c["policy"], c["framework"], _bit(c["names_ok"]), shapes or "nothing"])
+    if kept_rows:
+        parts += ["## What one checkpointed block keeps, per policy", "",
+                  "Measured on one block (JAX: saved residuals with their `checkpoint_name` tags; PyTorch: the "
+                  "op outputs the selective checkpoint caches, by activation region). JAX drops `mlp_out`, "
+                  "which nothing in the block's backward reads; PyTorch keeps what the policy names "
+                  "(docs/policies.md).", "",
+                  _md_table(("policy", "framework", "as declared", "kept tensors"), sorted(kept_rows)), ""]
     errors = [c for c in report["cases"] if c["status"] == "error"]
     if errors:
         parts += ["## Errors", ""] + [f"- {c['framework']}/{c['mode']} {c['dtype']} {c['schedule']}: `{c['error']}`" for c in errors] + [""]

@@ -17,13 +17,29 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from jaxremat.spec import AdamWConfig, Schedule, init_params, parse_schedule, peak_units, recomputed_blocks
+from jaxremat.spec import DEFAULT_SCHEDULES, AdamWConfig, init_params, parse_schedule, peak_units, recomputed_blocks
+from jaxremat.spec.policies import POLICIES
+from jaxremat.spec.plan import RematPlan, parse_plan
 
 from .compare import compare_bitwise, max_rel_err, tolerance_for
 from .data import token_batch
 from .models import ModelPreset
+from .names_check import expected_names, measured_names
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+QUICK_PLANS = DEFAULT_SCHEDULES
+"""The quick suite (the default): the segment schedules."""
+
+FULL_PLANS = (
+    "none", "full", "every_k(2)", "sqrt", "segments(4)", "nested(sqrt,sqrt)", "nested(every_k(4),every_k(2))",
+    *(f"full+{name}" for name in POLICIES if name != "save_nothing"),
+    "every_k(2)+save_qkv_proj", "sqrt+attention_only", "nested(every_k(4),every_k(2))+save_dots",
+)
+"""The full suite: every schedule, every named policy on per-block checkpoints, and combinations
+of segment schedules with inner policies (MaxText aliases resolve to these policies)."""
+
+SUITE_PLANS = {"quick": QUICK_PLANS, "full": FULL_PLANS}
 FRAMEWORK_MODES = (("jax", "jit"), ("jax", "eager"), ("torch", "eager"))
 
 
@@ -32,9 +48,10 @@ class SuiteConfig:
     """What one suite run covers.
 
     Attributes:
-        name: suite name (``quick``).
+        name: suite name (``quick`` or ``full``).
         preset: model preset (config, batch size, sequence length).
-        schedules: schedule names, ``none`` first (it is the reference and is added if missing).
+        schedules: plans ``SCHEDULE`` or ``SCHEDULE+POLICY`` (:mod:`jaxremat.spec.plan`), ``none``
+            first (it is the reference and is added if missing).
         dtypes: dtypes to run (``float32``, ``float64``).
         frameworks: subset of ``("jax", "torch")``.
         hparams: optimizer settings of the trained-weights check.
@@ -51,42 +68,46 @@ class SuiteConfig:
     timing_repeats: int = 5
     seed: int = 0
 
-    def schedule_objects(self) -> list[tuple[str, Schedule]]:
-        """``[(canonical name, schedule)]`` with ``none`` first; raises ValueError on a bad name."""
-        parsed = [parse_schedule(s) for s in self.schedules]
+    def schedule_objects(self) -> list[tuple[str, RematPlan]]:
+        """``[(canonical name, plan)]`` with ``none`` first; raises ValueError on a bad name."""
+        parsed = [parse_plan(s) for s in self.schedules]
         out, seen = [], set()
-        for sched in [parse_schedule("none")] + parsed:
-            if sched.name not in seen:
-                seen.add(sched.name)
-                out.append((sched.name, sched))
-        for _, sched in out:  # resolve now so s > n_layer fails before any work starts
-            sched.segments_for(self.preset.config.n_layer)
+        for plan in [parse_plan("none")] + parsed:
+            if plan.name not in seen:
+                seen.add(plan.name)
+                out.append((plan.name, plan))
+        for _, plan in out:  # resolve now so s > n_layer fails before any work starts
+            plan.schedule.segments_for(self.preset.config.n_layer)
         return out
 
 
-def _run_framework(framework: str, mode: str, cfg, params, tokens, schedule, suite: SuiteConfig, with_reverse_loop: bool):
+def _run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPlan, suite: SuiteConfig,
+                   with_reverse_loop: bool):
     if framework == "jax":
         from . import jax_runner
 
         # Op by op, JAX dispatches every primitive from Python (about a second per step here): that
         # mode checks the loss and gradients; training and step time are measured under jit.
         return jax_runner.run_schedule(
-            cfg, params, tokens, schedule, mode=mode, hparams=suite.hparams,
+            cfg, params, tokens, plan.schedule, mode=mode, hparams=suite.hparams,
             timing_repeats=suite.timing_repeats, with_reverse_loop=with_reverse_loop, seed=suite.seed,
-            with_training=mode != "eager",
+            with_training=mode != "eager", policy=plan.policy,
         )
     from . import torch_runner
 
     return torch_runner.run_schedule(
-        cfg, params, tokens, schedule, hparams=suite.hparams,
+        cfg, params, tokens, plan.schedule, hparams=suite.hparams,
         timing_repeats=suite.timing_repeats, with_reverse_loop=with_reverse_loop, seed=suite.seed,
+        policy=plan.policy,
     )
 
 
-def _base_case(framework, mode, name, schedule, cfg, suite) -> dict:
+def _base_case(framework, mode, name, plan: RematPlan, cfg, suite) -> dict:
     n = cfg.n_layer
+    schedule = plan.schedule
     return {
         "framework": framework, "model": suite.preset.name, "schedule": name, "n_layer": n,
+        "policy": plan.policy.name, "offloaded_bytes": None, "names_ok": None, "block_names": None,
         "dtype": cfg.dtype, "mode": mode, "status": "error", "error": None,
         "loss": None, "loss_bitwise_equal": None, "grads_bitwise_equal": None, "weights_bitwise_equal": None,
         "reverse_loop_bitwise_equal": None, "max_ulp": None, "max_abs_diff": None,
@@ -115,6 +136,7 @@ def _fill_case(case: dict, res: dict, ref: dict) -> None:
         weights_max_ulp=weights_cmp.max_ulp if trained else None,
         mismatched=sorted(set(loss_cmp.mismatched + grads_cmp.mismatched + loss_cmp.nonfinite + grads_cmp.nonfinite)),
         residual_bytes=int(res["residual_bytes"]),
+        offloaded_bytes=int(res.get("offloaded_bytes") or 0),
         residual_ratio=res["residual_bytes"] / ref["residual_bytes"] if ref["residual_bytes"] else None,
         peak_bytes=int(res["peak_bytes"]),
         peak_ratio=res["peak_bytes"] / ref["peak_bytes"] if ref["peak_bytes"] else None,
@@ -123,12 +145,37 @@ def _fill_case(case: dict, res: dict, ref: dict) -> None:
         time_overhead=res["step_time_s"] / ref["step_time_s"] if timed and ref["step_time_s"] else None,
     )
     checks = [case["loss_bitwise_equal"], case["grads_bitwise_equal"]] + ([weights_cmp.equal] if trained else [])
+    if case.get("names_ok") is not None:
+        checks.append(case["names_ok"])
     if res.get("reverse_loop_grads") is not None:
         rl = compare_bitwise(res["reverse_loop_grads"], res["grads"])
         case["reverse_loop_bitwise_equal"] = rl.equal
         case["reverse_loop_max_ulp"] = rl.max_ulp
         checks.append(rl.equal)
     case["status"] = "pass" if all(checks) else "fail"
+
+
+def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: RematPlan, res: dict, ref: dict,
+                cache: dict) -> None:
+    """Record what one checkpointed block keeps under the plan's policy and whether it is as declared.
+
+    ``save_everything`` must keep exactly the bytes of ``none``; every other policy must keep (and
+    offload) the activation names :func:`parity.names_check.expected_names` gives.
+    """
+    policy = plan.policy
+    if policy.saves_nothing:
+        return
+    if policy.save_everything:
+        case["names_ok"] = res["residual_bytes"] == ref["residual_bytes"]
+        case["expected_names"] = "the same saved bytes as none"
+        return
+    key = (framework, cfg, policy)
+    if key not in cache:
+        cache[key] = measured_names(framework, cfg, suite.preset.batch_size, suite.preset.seq_len, policy)
+    measured, expected = cache[key], expected_names(policy, framework)
+    case["block_names"] = measured
+    case["expected_names"] = expected
+    case["names_ok"] = measured["kept"] == expected["kept"] and measured["offloaded"] == expected["offloaded"]
 
 
 def _cross(schedule: str, dtype: str, a: dict | None, b: dict | None) -> dict:
@@ -169,30 +216,32 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
         report["config"] = dataclasses.asdict(cfg)
         params = init_params(cfg, seed=suite.seed)
         results: dict[tuple[str, str, str], dict] = {}
+        names_cache: dict = {}
         for framework, mode in FRAMEWORK_MODES:
             if framework not in suite.frameworks:
                 continue
             ref = None
-            for name, schedule in schedules:
-                case = _base_case(framework, mode, name, schedule, cfg, suite)
+            for name, plan in schedules:
+                case = _base_case(framework, mode, name, plan, cfg, suite)
                 if on_start:
                     on_start(f"{framework}/{mode} {dtype} {name}")
                 t_case = time.perf_counter()
                 try:
                     # The hand-rolled loop is checked op by op in JAX: under jit it is a different XLA
                     # program (Python-unrolled segments), fused differently (docs/framework-differences.md).
-                    res = _run_framework(framework, mode, cfg, params, tokens, schedule, suite,
+                    res = _run_framework(framework, mode, cfg, params, tokens, plan, suite,
                                          with_reverse_loop=name != "none" and (framework, mode) != ("jax", "jit"))
                     if name == "none":
                         # The reference is checked against a second run of itself: determinism.
                         ref = res
-                        again = _run_framework(framework, mode, cfg, params, tokens, schedule,
+                        again = _run_framework(framework, mode, cfg, params, tokens, plan,
                                                dataclasses.replace(suite, timing_repeats=1), with_reverse_loop=False)
                         _fill_case(case, {**again, "step_time_s": res["step_time_s"]}, ref)
                         case["compared_with"] = "a second run of none (run-to-run determinism)"
                     elif ref is None:
                         raise RuntimeError("the no-remat reference case failed; nothing to compare against")
                     else:
+                        _check_kept(case, framework, cfg, suite, plan, res, ref, names_cache)
                         _fill_case(case, res, ref)
                         case["compared_with"] = "none"
                     results[(framework, mode, name)] = res

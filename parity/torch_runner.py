@@ -15,8 +15,10 @@ import numpy as np
 import torch
 
 from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig
+from jaxremat.spec.policies import Policy, parse_policy
 from torchref.memory import SavedActivationRecorder, peak_step_bytes
 from torchref.model import GPT
+from torchref.policies import SelectiveCheckpoint
 from torchref.render import model_loss
 from torchref.reverse_loop import reverse_segment_loop
 
@@ -28,16 +30,18 @@ def _adamw(model: GPT, hparams: AdamWConfig) -> torch.optim.AdamW:
     )
 
 
-def _train_step(model: GPT, opt: torch.optim.Optimizer, tokens: torch.Tensor, schedule: Schedule, seed: int) -> None:
+def _train_step(model: GPT, opt: torch.optim.Optimizer, tokens: torch.Tensor, schedule: Schedule, seed: int,
+                policy: Policy | None = None) -> None:
     opt.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    model_loss(model, tokens, schedule).backward()
+    model_loss(model, tokens, schedule, policy=policy).backward()
     opt.step()
 
 
 def run_schedule(
     cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, schedule: Schedule, *,
     hparams: AdamWConfig, timing_repeats: int = 5, with_reverse_loop: bool = True, seed: int = 0,
+    policy: Policy | str | None = None,
 ) -> dict[str, Any]:
     """Loss, gradients, training, residual and peak memory, and step time of one remat schedule.
 
@@ -51,11 +55,15 @@ def run_schedule(
         with_reverse_loop: also run :func:`torchref.reverse_loop.reverse_segment_loop` (only for
             schedules with at least one checkpointed segment).
         seed: ``torch.manual_seed`` set before every forward pass (dropout masks repeat exactly).
+        policy: what checkpointed segments keep inside (:mod:`torchref.policies`); None keeps nothing.
 
     Returns:
         dict with ``loss`` (0-d numpy, ``cfg.dtype``), ``grads`` (canonical dict), ``trained``
         (canonical params after ``hparams.steps`` AdamW steps on ``tokens``), ``residual_bytes``
-        (int, bytes saved for backward by one forward, parameters and buffers excluded),
+        (int, bytes kept on the device for backward by one forward: saved tensors, checkpoint
+        inputs and the policy's cached outputs; parameters and buffers excluded),
+        ``offloaded_bytes`` (int, outputs the policy moved to host memory), ``saved_names``
+        (sorted activation names the policy cached),
         ``residuals`` (records of :class:`torchref.memory.SavedActivationRecorder`), ``peak_bytes``
         (int), ``peak_source`` (str), ``peak_breakdown`` (dict str -> int bytes), ``step_time_s``
         (median seconds of one training step, ``time.perf_counter``), ``reverse_loop_grads``
@@ -72,10 +80,12 @@ def run_schedule(
         raise ValueError(f"tokens must be an integer array of shape (B, T+1), got dtype {tokens.dtype}")
     tokens_t = torch.from_numpy(np.array(tokens, dtype=np.int64, order="C", copy=True))
 
+    policy = parse_policy(policy)
+
     # loss and gradients of one step
     model = GPT.from_params(cfg, params)
     torch.manual_seed(seed)
-    loss = model_loss(model, tokens_t, schedule)
+    loss = model_loss(model, tokens_t, schedule, policy=policy)
     loss.backward()
     loss_np = np.asarray(loss.detach().numpy(), dtype=cfg.dtype).copy()
     grads = model.to_params(grads=True)
@@ -89,34 +99,37 @@ def run_schedule(
     # residuals saved by one forward pass
     model = GPT.from_params(cfg, params)
     recorder = SavedActivationRecorder(exclude=[*model.parameters(), *model.buffers()])
+    sac = SelectiveCheckpoint(policy)
     torch.manual_seed(seed)
     with recorder:
-        loss = model_loss(model, tokens_t, schedule, on_checkpoint_input=recorder.record_boundary)
+        loss = model_loss(model, tokens_t, schedule, policy=sac, on_checkpoint_input=recorder.record_boundary)
     del loss
 
     # training run
     model = GPT.from_params(cfg, params)
     opt = _adamw(model, hparams)
     for _ in range(hparams.steps):
-        _train_step(model, opt, tokens_t, schedule, seed)
+        _train_step(model, opt, tokens_t, schedule, seed, policy)
     trained = model.to_params()
 
     # peak memory of one steady-state step (optimizer state already allocated), then timing
     model = GPT.from_params(cfg, params)
     opt = _adamw(model, hparams)
-    _train_step(model, opt, tokens_t, schedule, seed)  # warm-up: allocates AdamW state
-    peak = peak_step_bytes(lambda: _train_step(model, opt, tokens_t, schedule, seed), model, opt)
+    _train_step(model, opt, tokens_t, schedule, seed, policy)  # warm-up: allocates AdamW state
+    peak = peak_step_bytes(lambda: _train_step(model, opt, tokens_t, schedule, seed, policy), model, opt)
     times = []
     for _ in range(timing_repeats):
         t0 = time.perf_counter()
-        _train_step(model, opt, tokens_t, schedule, seed)
+        _train_step(model, opt, tokens_t, schedule, seed, policy)
         times.append(time.perf_counter() - t0)
 
     return {
         "loss": loss_np,
         "grads": grads,
         "trained": trained,
-        "residual_bytes": int(recorder.total_bytes),
+        "residual_bytes": int(recorder.total_bytes + sac.kept_bytes()),
+        "offloaded_bytes": int(sac.offloaded_bytes()),
+        "saved_names": sorted({r.name for r in sac.records if r.name}),
         "residuals": list(recorder.records),
         "peak_bytes": int(peak.peak_bytes),
         "peak_source": peak.source,

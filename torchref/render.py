@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential, set_checkpoint_early_stop
 
 from jaxremat.spec import Schedule, Segments, Sqrt
 from jaxremat.spec.policies import Policy
@@ -127,10 +127,32 @@ def forward_blocks(
         if seg.inner is None:
             x = _checkpointed(run, x, sac)
         else:
-            inner_blocks, inner = blocks[seg.start:seg.stop], seg.inner
-            x = checkpoint(lambda t: forward_blocks(inner_blocks, t, inner, policy=sac), x,
-                           use_reentrant=False, preserve_rng_state=True)
+            # Early stop would end the outer recompute once the last inner boundary exists, so the
+            # last inner segment would be rebuilt from the outer forward's graph, without the policy.
+            with set_checkpoint_early_stop(False):
+                x = checkpoint(_nested_segment(blocks[seg.start:seg.stop], seg.inner, sac), x,
+                               use_reentrant=False, preserve_rng_state=True)
     return x
+
+
+def _nested_segment(blocks: Sequence[nn.Module], inner: Schedule,
+                    sac: Optional[SelectiveCheckpoint]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The body of a checkpointed outer segment: its blocks under the inner schedule.
+
+    The first call is the outer forward pass, whose interior the outer checkpoint discards; a
+    selective policy there would still cache its outputs for the whole forward pass (each inner
+    checkpoint's cache lives as long as its autograd node), so the inner segments keep nothing
+    then. Later calls are the outer recompute, where the inner segments follow the policy.
+    """
+    calls = 0
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        first = calls == 1 and sac is not None and sac.checkpoints and sac.selective
+        return forward_blocks(blocks, x, inner, policy=None if first else sac)
+
+    return run
 
 
 def model_loss(

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from parity.cli import main
+from parity.suite import SCHEMA_VERSION
 
 REQUIRED_CASE_KEYS = {
     "framework", "model", "schedule", "n_layer", "dtype", "mode", "grads_bitwise_equal", "weights_bitwise_equal",
@@ -19,7 +20,7 @@ REQUIRED_CROSS_KEYS = {"schedule", "dtype", "max_rel_err_loss", "max_rel_err_gra
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    rc = main(["run", "--model", "gpt-tiny", "--schedules", "every_k(2),sqrt,segments(2)", "--repeats", "1",
+    rc = main(["run", "--model", "gpt-tiny", "--schedules", "every_k(2),sqrt,segments(2),every_k(2)+save_qkv_proj", "--repeats", "1",
                "--no-progress", "--out", str(out)])
     return rc, out
 
@@ -27,10 +28,10 @@ def tiny_report(tmp_path_factory):
 def test_cli_run_writes_valid_report(tiny_report):
     rc, out = tiny_report
     report = json.loads((out / "report.json").read_text())
-    assert report["schema"] == 1 and report["complete"] is True
+    assert report["schema"] == SCHEMA_VERSION and report["complete"] is True
     cases = report["cases"]
     assert {(c["framework"], c["mode"]) for c in cases} == {("jax", "jit"), ("jax", "eager"), ("torch", "eager")}
-    assert {c["schedule"] for c in cases} == {"none", "every_k(2)", "sqrt", "segments(2)"}
+    assert {c["schedule"] for c in cases} == {"none", "every_k(2)", "sqrt", "segments(2)", "every_k(2)+save_qkv_proj"}
     for c in cases:
         assert REQUIRED_CASE_KEYS <= set(c), c
         assert c["status"] == "pass", c
@@ -53,6 +54,9 @@ def test_cli_remat_saves_less_than_none(tiny_report):
     for fw, mode in (("jax", "jit"), ("torch", "eager")):
         by = {c["schedule"]: c for c in cases if c["framework"] == fw and c["mode"] == mode}
         assert by["every_k(2)"]["residual_bytes"] < by["none"]["residual_bytes"], fw
+        sel = by["every_k(2)+save_qkv_proj"]
+        assert by["every_k(2)"]["residual_bytes"] < sel["residual_bytes"] < by["none"]["residual_bytes"], fw
+        assert sel["names_ok"] is True and sel["block_names"]["kept"] == ["qkv_proj"], fw
 
 
 def test_cli_keeps_previous_report(tmp_path):
@@ -63,13 +67,17 @@ def test_cli_keeps_previous_report(tmp_path):
     kept = list((tmp_path / "previous").glob("*/report.json"))
     assert len(kept) == 1 and kept[0].read_text() == '{"mine": 1}'
     assert (tmp_path / "report.json").stat().st_mode & 0o044 == 0o044  # readable by others, not 0600
-    assert json.loads((tmp_path / "report.json").read_text())["schema"] == 1
+    assert json.loads((tmp_path / "report.json").read_text())["schema"] == SCHEMA_VERSION
 
 
 @pytest.mark.parametrize("args, message", [
     (["--schedules", "every_k(0)"], "k"),
     (["--schedules", "segments(9)", "--model", "gpt-tiny"], "s"),
     (["--schedules", "sqrtt"], "valid schedules"),
+    (["--schedules", "full+save_dotz"], "valid policies"),
+    (["--schedules", "full+save_names(qkv)"], "known names"),
+    (["--schedules", "none+save_dots"], "no effect"),
+    (["--schedules", "nested(sqrt)"], "two schedules"),
     (["--dtype", "float16"], "dtype"),
     (["--model", "gpt-huge"], "valid models"),
     (["--frameworks", "mxnet"], "framework"),

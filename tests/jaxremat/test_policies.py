@@ -1,0 +1,109 @@
+"""Named policies rendered as jax.checkpoint policies: what a block keeps, and unchanged gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxremat.block_memory import block_residuals
+from jaxremat.memory import saved_residuals
+from jaxremat.model import loss_fn
+from jaxremat.policies import to_jax_policy
+from jaxremat.spec import TransformerConfig, init_params
+from jaxremat.spec.plan import parse_plan
+from jaxremat.spec.policies import POLICIES
+from parity.names_check import expected_names
+
+CFG = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
+B, T = 2, 8
+
+
+@pytest.mark.parametrize("name", [n for n in POLICIES if not POLICIES[n].save_everything])
+def test_policy_block_keeps_declared_names(name):
+    policy = POLICIES[name]
+    recs = block_residuals(CFG, B, T, name)
+    assert all(r.name is not None for r in recs), [r.description for r in recs if r.name is None]
+    kept = sorted({r.name for r in recs if r.memory == "device"})
+    off = sorted({r.name for r in recs if r.memory == "host"})
+    assert {"kept": kept, "offloaded": off} == expected_names(policy, "jax")
+    assert len(recs) == len(kept) + len(off)  # one residual per name, nothing else
+
+
+def test_policy_block_shapes_are_the_tagged_shapes():
+    recs = {r.name: r.shape for r in block_residuals(CFG, B, T, "save_dots")}
+    D, H, F = CFG.d_model, CFG.n_head, CFG.d_ff
+    assert recs == {"qkv_proj": (B, T, 3 * D), "attn_scores": (B, H, T, T), "attn_out": (B, H, T, D // H),
+                    "out_proj": (B, T, D), "mlp_hidden": (B, T, F)}
+
+
+def test_policy_save_everything_keeps_what_no_remat_keeps():
+    ref = sum(r.bytes for r in block_residuals(CFG, B, T, None))
+    assert sum(r.bytes for r in block_residuals(CFG, B, T, "save_everything")) == ref
+    assert block_residuals(CFG, B, T, "save_nothing") == []
+
+
+def test_policy_raw_callables_pass_through():
+    assert to_jax_policy(None) is None and to_jax_policy("save_nothing") is None
+    assert to_jax_policy(jax.checkpoint_policies.dots_saveable) is jax.checkpoint_policies.dots_saveable
+    with pytest.raises(ValueError, match="valid policies"):
+        to_jax_policy("recompute_everything_please")
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    params = {k: jnp.asarray(v) for k, v in init_params(CFG, seed=1).items()}
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (B, T + 1)), jnp.int32)
+    return params, tokens
+
+
+def _grads(plan_text, params, tokens):
+    plan = parse_plan(plan_text)
+    with jax.disable_jit():
+        return jax.grad(loss_fn)(params, tokens, CFG, plan.schedule, policy=plan.policy)
+
+
+@pytest.mark.parametrize("plan", ["full+attention_only", "full+save_dots", "every_k(2)+save_qkv_proj",
+                                  "full+minimal_offloaded", "nested(every_k(2),every_k(1))+mlp_only",
+                                  "nested(sqrt,sqrt)"])
+def test_policy_grads_bitwise_op_by_op(plan, inputs, bits):
+    params, tokens = inputs
+    bits.assert_tree(_grads(plan, params, tokens), _grads("none", params, tokens), plan)
+
+
+def test_policy_kept_bytes_lie_between_full_and_none(inputs):
+    params, tokens = inputs
+
+    def saved(text):
+        plan = parse_plan(text)
+        recs = saved_residuals(lambda p: loss_fn(p, tokens, CFG, plan.schedule, policy=plan.policy), params)
+        return (sum(r.bytes for r in recs if not r.is_argument and r.memory == "device"),
+                sum(r.bytes for r in recs if not r.is_argument and r.memory == "host"))
+
+    none_b, full_b = saved("none")[0], saved("full")[0]
+    for text in ("full+attention_only", "full+save_dots", "full+mlp_only"):
+        assert full_b < saved(text)[0] < none_b, text
+    dev, host = saved("full+qkv_proj_offloaded")
+    assert dev == full_b and host == CFG.n_layer * B * T * 3 * CFG.d_model * 4
+
+
+def test_policy_offload_runs_under_jit(inputs, bits):
+    params, tokens = inputs
+    plan = parse_plan("every_k(2)+qkv_proj_offloaded")
+    f = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, tokens, CFG, plan.schedule, policy=plan.policy)))
+    g = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, tokens, CFG, parse_plan("none").schedule)))
+    (la, ga), (lb, gb) = f(params), g(params)
+    assert bits.equal(la, lb)
+    bits.assert_tree(ga, gb, "every_k(2)+qkv_proj_offloaded under jit")
+
+
+def test_nested_forward_keeps_only_outer_boundaries(inputs):
+    params, tokens = inputs
+
+    def saved(text):
+        plan = parse_plan(text)
+        recs = saved_residuals(lambda p: loss_fn(p, tokens, CFG, plan.schedule, policy=plan.policy), params)
+        return sum(r.bytes for r in recs if not r.is_argument)
+
+    # The inner schedule and its policy act during the recompute only.
+    assert saved("nested(every_k(2),every_k(1))") == saved("every_k(2)")
+    assert saved("nested(every_k(2),every_k(1))+save_dots") == saved("every_k(2)")
