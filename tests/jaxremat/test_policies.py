@@ -107,3 +107,12 @@ def test_nested_forward_keeps_only_outer_boundaries(inputs):
     # The inner schedule and its policy act during the recompute only.
     assert saved("nested(every_k(2),every_k(1))") == saved("every_k(2)")
     assert saved("nested(every_k(2),every_k(1))+save_dots") == saved("every_k(2)")
+
+
+def test_jax_save_anything_except_these_names_still_saves_them():
+    # Why no policy here relies on it (docs/policies.md): in jax 0.10.2 it keeps the very names it
+    # is told to leave out, exactly like everything_saveable.
+    cp = jax.checkpoint_policies
+    excluded = block_residuals(CFG, B, T, cp.save_anything_except_these_names("attn_probs", "mlp_act"))
+    assert {"attn_probs", "mlp_act"} <= {r.name for r in excluded}
+    assert sum(r.bytes for r in excluded) == sum(r.bytes for r in block_residuals(CFG, B, T, "save_everything"))
