@@ -1,0 +1,283 @@
+"""Remat schedules and named policies for your own Flax models (NNX and Linen).
+
+Both entry points run a *stacked* block -- every variable carries a leading layer axis N -- over
+an input as :func:`jaxremat.render.remat_scan` does: nested ``lax.scan`` s, with
+``jax.checkpoint(policy=...)`` around the checkpointed segments. Nothing here knows what the block
+computes (an MLP-Mixer block, a conv block, a transformer block).
+
+* :func:`remat_stack` (Flax NNX): ``stack`` is an ``nnx.Module`` made the usual way, e.g.
+  ``nnx.split_rngs(splits=N)`` + ``nnx.vmap(in_axes=(0,), out_axes=0)`` over the block's
+  constructor. Inside each scan step the layer is rebuilt with ``nnx.merge`` from its slice of the
+  stacked state and called; it works under ``jax.jit``, ``nnx.jit``, ``jax.grad`` and ``nnx.grad``.
+  :class:`RematStack` is the same as a module attribute.
+* :func:`linen_remat_stack` (Flax Linen): ``block.apply`` per layer on that layer's slice of
+  stacked variables (e.g. from :func:`linen_init_stack`, or an ``nn.scan`` ed submodule's
+  variables with ``variable_axes={"params": 0}``), with one dropout key per layer.
+
+Dropout under remat. The recomputed forward of a checkpointed segment must draw the masks the
+forward drew. JAX has no hidden RNG state, so it suffices that the recompute sees the same keys:
+
+* NNX: each ``nnx.RngStream`` inside the stack (``nnx.Dropout(rate, rngs=rngs)`` forks one per
+  layer) is fed to the scan as per-layer inputs -- its key and its *counter before the call*. A
+  layer draws ``fold_in(key_i, count_i + j)`` for its j-th draw, in the forward and again,
+  from the same slice, in the recompute. The counters the layers advance are written back to the
+  stack once, after the scan, by the number of draws per layer (carried out of the scan as a
+  uint32 per stream, never differentiated): exactly as a plain loop over the layers advances
+  them, whatever the schedule, never twice.
+* Linen: ``rngs={"dropout": key}`` is split into N layer keys (``jax.random.split(key, N)``),
+  scanned alongside the parameters.
+* Explicit keys of your own: pass them (leading axis N) as ``xs`` and use them in ``call``.
+
+Source: ``jax.checkpoint`` + ``jax.lax.scan``; Chen et al. 2016, arXiv:1604.06174. NNX API:
+``flax.nnx.split`` / ``nnx.merge`` / ``nnx.update`` (flax 0.12).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax import nnx
+
+from .render import remat_scan
+from .spec.schedules import Schedule, parse_schedule
+
+__all__ = ["RematStack", "linen_init_stack", "linen_remat_stack", "remat_stack", "resolve_policy",
+           "resolve_schedule"]
+
+_BUILD_HINT = ("build the stack with nnx.vmap over the block constructor, e.g. "
+               "nnx.split_rngs(splits=N)(nnx.vmap(make_block, in_axes=(0,), out_axes=0))(rngs), "
+               "so that every variable (parameters and RNG keys/counters) has a leading axis N")
+
+
+def resolve_schedule(schedule: Schedule | str) -> Schedule:
+    """A :mod:`jaxremat.spec.schedules` value, or a name such as ``"sqrt"``, ``"every_k(2)"``.
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones).
+    """
+    return parse_schedule(schedule) if isinstance(schedule, str) else schedule
+
+
+def resolve_policy(policy: Any) -> Callable[..., bool] | None:
+    """A ``jax.checkpoint`` policy from None, a callable (``jax.checkpoint_policies.*``), or a name.
+
+    Names and spec policies are resolved by ``jaxremat.policies.to_jax_policy``.
+
+    Raises:
+        ValueError: a name or spec policy is given but ``jaxremat.policies`` cannot resolve it.
+    """
+    if policy is None or (callable(policy) and not isinstance(policy, str)):
+        return policy
+    try:
+        from .policies import to_jax_policy
+    except ImportError as e:  # pragma: no cover - depends on the checkout
+        raise ValueError(f"policy {policy!r}: named policies need jaxremat.policies ({e}); "
+                         "pass a jax.checkpoint_policies callable instead") from None
+    return to_jax_policy(policy)
+
+
+def _check_stacked(tree: Any, what: str, hint: str) -> int:
+    """The common leading axis N of every array leaf of ``tree``; ValueError naming the odd ones."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if not flat:
+        raise ValueError(f"{what} has no arrays; {hint}")
+    lead = {jax.tree_util.keystr(p): (a.shape[0] if getattr(a, "ndim", 0) >= 1 else None) for p, a in flat}
+    sizes = [s for s in lead.values() if s is not None]
+    if len(set(sizes)) == 1 and None not in lead.values():
+        return sizes[0]
+    n = max(set(sizes), key=sizes.count) if sizes else None
+    odd = {k: (jnp.shape(a)) for (p, a), k in zip(flat, lead) if lead[k] != n}
+    raise ValueError(f"{what} is not stacked on one leading layer axis: most leaves have leading size {n}, "
+                     f"but these do not (path: shape): {odd}; {hint}")
+
+
+def _check_carry(before: Any, after: Any) -> None:
+    """ValueError when a block changed the carry's structure, shapes or dtypes."""
+    sig = lambda t: jax.tree.map(lambda a: (tuple(jnp.shape(a)), str(getattr(a, "dtype", type(a).__name__))), t)
+    if jax.tree.structure(before) != jax.tree.structure(after) or sig(before) != sig(after):
+        raise ValueError(f"the block must return a carry of the same structure, shapes and dtypes as its input; "
+                         f"got {sig(before)} -> {sig(after)} (a stack of blocks threads one carry through "
+                         "every layer: project to another shape before or after the stack)")
+
+
+def _default_call(layer, carry, layer_xs):
+    return layer(carry) if layer_xs is None else layer(carry, layer_xs)
+
+
+def remat_stack(
+    stack: nnx.Module,
+    x: Any,
+    schedule: Schedule | str = "none",
+    *,
+    policy: Any = None,
+    xs: Any = None,
+    call: Callable[[nnx.Module, Any, Any], Any] | None = None,
+) -> Any:
+    """Run ``x`` through the N layers of a stacked NNX block under a remat schedule and policy.
+
+    Args:
+        stack: an ``nnx.Module`` whose every variable has a leading layer axis N (parameters,
+            RNG keys and counters, any other state), e.g. built with ``nnx.vmap`` over the
+            block's constructor and ``nnx.split_rngs(splits=N)``.
+        x: the carry entering layer 0, e.g. a ``(B, T, D)`` float array (any pytree).
+        schedule: a :mod:`jaxremat.spec.schedules` value or its name (``"none"``, ``"full"``,
+            ``"every_k(2)"``, ``"sqrt"``, ``"segments(4)"``).
+        policy: what a checkpointed segment may keep besides its input: None (nothing), a
+            ``jax.checkpoint_policies`` callable, or a policy name / spec policy resolved by
+            ``jaxremat.policies.to_jax_policy``.
+        xs: optional per-layer inputs (pytree, leading axis N), e.g. your own dropout keys.
+        call: ``(layer, carry, layer_xs) -> carry`` for one layer; default ``layer(carry)``, or
+            ``layer(carry, layer_xs)`` when ``xs`` is given.
+
+    Returns:
+        The carry after the N layers (same structure, shapes and dtypes as ``x``). The stack's
+        RNG counters are advanced as a plain loop over the layers advances them.
+
+    Raises:
+        ValueError: the stack (or ``xs``) is not stacked on one leading axis N (the message names
+            the odd variables); the schedule is invalid for N (e.g. ``segments(s)`` with s > N);
+            a layer returns a carry of another shape or dtype; a layer writes a variable other
+            than its RNG counters (e.g. BatchNorm running statistics: call it with
+            ``use_running_average=True``), which a scanned pure layer cannot write back.
+
+    Source: :func:`jaxremat.render.remat_scan`; ``flax.nnx.split`` / ``merge`` / ``update``.
+    """
+    schedule = resolve_schedule(schedule)
+    jax_policy = resolve_policy(policy)
+    call = call or _default_call
+    graphdef, counts, rest = nnx.split(stack, nnx.RngCount, ...)
+    n_layer = _check_stacked((counts, rest), "stack", _BUILD_HINT)
+    if xs is not None:
+        n_xs = _check_stacked(xs, "xs", "give every per-layer input a leading axis N")
+        if n_xs != n_layer:
+            raise ValueError(f"xs has leading axis {n_xs} but the stack has {n_layer} layers")
+    schedule.segments_for(n_layer)  # ValueError here, before tracing, when invalid for N
+
+    def block_fn(layer_state, carry, layer_xs):
+        h, _ = carry
+        layer_counts, layer_rest = layer_state
+        # copy=True: fresh Variables at this trace level (the layer advances its RNG counters).
+        counts_in, rest_in = jax.tree.leaves(layer_counts), nnx.to_flat_state(layer_rest)
+        rest_in = [(p, jax.tree.leaves(v)) for p, v in rest_in]
+        layer = nnx.merge(graphdef, layer_counts, layer_rest, copy=True)
+        out = call(layer, h, layer_xs)
+        _check_carry(h, out)
+        _, new_counts, new_rest = nnx.split(layer, nnx.RngCount, ...)
+        _check_unwritten(rest_in, new_rest)
+        delta = jax.tree.unflatten(jax.tree.structure(new_counts),
+                                   [new - old for new, old in zip(jax.tree.leaves(new_counts), counts_in)])
+        return out, delta
+
+    delta0 = jax.tree.map(lambda c: jnp.zeros(c.shape[1:], c.dtype), counts)
+    out, delta = remat_scan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=jax_policy)
+    if jax.tree.leaves(counts):
+        nnx.update(stack, jax.tree.map(lambda c, d: c + d, counts, delta))
+    return out
+
+
+def _check_unwritten(before: list, after: nnx.State) -> None:
+    """ValueError naming a non-RNG variable the layer assigned during its call.
+
+    ``before`` is ``[(path, leaves)]`` read before the call; a written variable holds a new array.
+    """
+    a = nnx.to_flat_state(after)
+    written = ["/".join(map(str, p)) for (p, old), (_, v) in zip(before, a)
+               if [id(x) for x in old] != [id(x) for x in jax.tree.leaves(v)]]
+    if written or len(before) != len(a):
+        raise ValueError(f"the block wrote variables during its call: {written or 'new variables'}. A layer of a "
+                         "stack runs as a pure function inside lax.scan and its writes cannot be stacked back; "
+                         "only RNG counters are written back. Keep such state fixed during the stacked call "
+                         "(e.g. nnx.BatchNorm(use_running_average=True)) or update it outside the stack")
+
+
+class RematStack(nnx.Module):
+    """An NNX module running a stacked block under a fixed schedule and policy (see :func:`remat_stack`).
+
+    Attributes:
+        layers: the stacked block (every variable with leading axis N).
+        schedule: a :mod:`jaxremat.spec.schedules` value (a name is parsed at construction).
+        policy: None, a ``jax.checkpoint_policies`` callable, or a policy name.
+    """
+
+    def __init__(self, layers: nnx.Module, schedule: Schedule | str = "none", policy: Any = None):
+        self.layers = layers
+        self.schedule = resolve_schedule(schedule)
+        self.policy = policy
+
+    def __call__(self, x: Any, xs: Any = None) -> Any:
+        """``remat_stack(self.layers, x, self.schedule, policy=self.policy, xs=xs)``."""
+        return remat_stack(self.layers, x, self.schedule, policy=self.policy, xs=xs)
+
+
+def linen_init_stack(block: nn.Module, key: jax.Array, x: Any, n_layer: int, **init_kwargs) -> dict:
+    """Variables of N independently initialised copies of a Linen ``block``, stacked on axis 0.
+
+    ``jax.vmap`` of ``block.init({"params": k, "dropout": k}, x, **init_kwargs)`` over
+    ``jax.random.split(key, n_layer)``: each leaf gains a leading axis N.
+
+    Raises:
+        ValueError: ``n_layer`` is not an integer >= 1.
+    """
+    if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
+        raise ValueError(f"n_layer must be an integer >= 1, got {n_layer!r}")
+    init = lambda k: block.init({"params": k, "dropout": k}, x, **init_kwargs)
+    return jax.vmap(init)(jax.random.split(key, n_layer))
+
+
+def linen_remat_stack(
+    block: nn.Module,
+    variables: Any,
+    x: Any,
+    schedule: Schedule | str = "none",
+    *,
+    rngs: dict[str, jax.Array] | None = None,
+    policy: Any = None,
+    xs: Any = None,
+    **apply_kwargs,
+) -> Any:
+    """Run ``x`` through N layers of a Linen ``block`` with stacked ``variables`` under a schedule.
+
+    Layer i computes ``block.apply(variables[i], carry, [xs[i],] rngs={name: keys[name][i]},
+    **apply_kwargs)``, where ``keys[name] = jax.random.split(rngs[name], N)``.
+
+    Args:
+        block: an unbound Linen module for one layer; it maps the carry to a carry of the same
+            shapes and dtypes.
+        variables: that block's variables (e.g. ``{"params": ...}``), every leaf with leading
+            axis N (:func:`linen_init_stack`, or an ``nn.scan`` ed submodule's variables).
+        x: the carry entering layer 0 (any pytree of arrays).
+        schedule: schedule value or name, as in :func:`remat_stack`.
+        rngs: optional ``{collection: key}`` (e.g. ``{"dropout": key}``); each key is split into
+            one key per layer, scanned with the parameters, so the recompute redraws the forward's masks.
+        policy: as in :func:`remat_stack`.
+        xs: optional per-layer inputs (leading axis N), passed as the second positional argument.
+        **apply_kwargs: static keyword arguments of ``block.__call__`` (e.g. ``train=True``).
+
+    Returns:
+        The carry after the N layers.
+
+    Raises:
+        ValueError: ``variables``/``xs`` not stacked on one leading axis N, an invalid schedule for
+            N, or a block that changes the carry's shapes or dtypes. Linen's own error if the block
+            writes a collection (``apply`` runs with ``mutable=False``).
+    """
+    schedule = resolve_schedule(schedule)
+    jax_policy = resolve_policy(policy)
+    n_layer = _check_stacked(variables, "variables", "stack each leaf on a leading layer axis N "
+                             "(linen_init_stack, or nn.scan/nn.vmap with variable_axes={'params': 0})")
+    if xs is not None and _check_stacked(xs, "xs", "give every per-layer input a leading axis N") != n_layer:
+        raise ValueError(f"xs leading axis differs from the {n_layer} stacked layers")
+    schedule.segments_for(n_layer)
+    layer_keys = {name: jax.random.split(k, n_layer) for name, k in (rngs or {}).items()}
+
+    def block_fn(layer_vars, carry, layer_in):
+        keys, layer_xs = layer_in
+        args = (carry,) if layer_xs is None else (carry, layer_xs)
+        out = block.apply(layer_vars, *args, rngs=keys or None, **apply_kwargs)
+        _check_carry(carry, out)
+        return out
+
+    return remat_scan(block_fn, variables, x, schedule, xs=(layer_keys, xs), policy=jax_policy)
