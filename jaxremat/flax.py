@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
+from .policies import to_jax_policy
 from .render import remat_scan
 from .spec.schedules import Schedule, parse_schedule
 
@@ -62,20 +63,16 @@ def resolve_schedule(schedule: Schedule | str) -> Schedule:
 
 
 def resolve_policy(policy: Any) -> Callable[..., bool] | None:
-    """A ``jax.checkpoint`` policy from None, a callable (``jax.checkpoint_policies.*``), or a name.
+    """A ``jax.checkpoint`` policy from None, a ``jax.checkpoint_policies`` callable, a policy name
+    (``"save_dots"``, MaxText's ``"minimal"``, ...) or a :class:`jaxremat.spec.policies.Policy`.
 
-    Names and spec policies are resolved by ``jaxremat.policies.to_jax_policy``.
+    Policies over op classes (matrix products) apply to any block. Policies over activation names
+    keep only values the block tags with ``jax.ad_checkpoint.checkpoint_name`` under the names of
+    :mod:`jaxremat.spec.names`; in an untagged block of your own they keep nothing.
 
     Raises:
-        ValueError: a name or spec policy is given but ``jaxremat.policies`` cannot resolve it.
+        ValueError: unknown policy name (from ``jaxremat.policies.to_jax_policy``).
     """
-    if policy is None or (callable(policy) and not isinstance(policy, str)):
-        return policy
-    try:
-        from .policies import to_jax_policy
-    except ImportError as e:  # pragma: no cover - depends on the checkout
-        raise ValueError(f"policy {policy!r}: named policies need jaxremat.policies ({e}); "
-                         "pass a jax.checkpoint_policies callable instead") from None
     return to_jax_policy(policy)
 
 
@@ -126,8 +123,8 @@ def remat_stack(
         schedule: a :mod:`jaxremat.spec.schedules` value or its name (``"none"``, ``"full"``,
             ``"every_k(2)"``, ``"sqrt"``, ``"segments(4)"``).
         policy: what a checkpointed segment may keep besides its input: None (nothing), a
-            ``jax.checkpoint_policies`` callable, or a policy name / spec policy resolved by
-            ``jaxremat.policies.to_jax_policy``.
+            ``jax.checkpoint_policies`` callable, or a policy name / spec policy (see
+            :func:`resolve_policy`).
         xs: optional per-layer inputs (pytree, leading axis N), e.g. your own dropout keys.
         call: ``(layer, carry, layer_xs) -> carry`` for one layer; default ``layer(carry)``, or
             ``layer(carry, layer_xs)`` when ``xs`` is given.

@@ -101,7 +101,7 @@ def _assert_same(a, b, bits):
 SCHEDULES = [("full", None), ("every_k(2)", None), ("sqrt", None), ("segments(3)", None), ("full", SAVE_DOTS)]
 IDS = ["full", "every_k(2)", "sqrt", "segments(3)", "full+save_dots"]
 # under jit, every_k(2) at N=5 has a 1-layer remainder: see test_every_k2_jit_loss_rounding_...
-JIT = [pytest.param(*s, id=i, marks=pytest.mark.jaxremat_slow if i == "segments(3)" else ())
+JIT = [pytest.param(*s, id=i, marks=pytest.mark.jaxremat_slow if i in ("segments(3)", "full+save_dots") else ())
        for s, i in zip(SCHEDULES, IDS) if i != "every_k(2)"]
 # op by op each schedule dispatches thousands of small ops: at N=5 they run with
 # JAXREMAT_SLOW_TESTS=1; by default every_k(2) (a 2-layer segment plus a 1-layer one) runs at N=3.
@@ -188,6 +188,13 @@ def test_saved_bytes_drop_as_the_schedule_says():
     # sqrt at N=5 is segments(2): one checkpointed 2-layer segment (its input) + a plain 3-layer tail
     assert saved["sqrt"] == CARRY_BYTES + 2 * CARRY_BYTES + 3 * per_layer // N
     assert N * CARRY_BYTES < policy_bytes < saved["none"]  # the policy keeps the matmul outputs too
+    named = [(r.shape, r.bytes) for r in _activations("full", "save_dots_no_batch")]
+    assert named == [(r.shape, r.bytes) for r in _activations("full", SAVE_DOTS)]  # the same policy by name
+
+
+def test_error_unknown_policy_name():
+    with pytest.raises(ValueError, match="no_such_policy"):
+        remat_stack(make_stack(), X, "full", policy="no_such_policy")
 
 
 # ---------------------------------------------------------------- the module wrapper, nnx transforms
@@ -196,7 +203,7 @@ def test_saved_bytes_drop_as_the_schedule_says():
 def test_remat_stack_module_under_nnx_jit_and_grad(bits):
     class Net(nnx.Module):
         def __init__(self, schedule):
-            self.blocks = RematStack(make_stack(), schedule, policy=SAVE_DOTS)
+            self.blocks = RematStack(make_stack(), schedule, policy="minimal")  # MaxText's name
 
         def __call__(self, x):
             return (self.blocks(x) * W).sum()
@@ -204,7 +211,7 @@ def test_remat_stack_module_under_nnx_jit_and_grad(bits):
     net = Net("sqrt")
     grads = nnx.jit(nnx.grad(lambda net: net(X)))(net)
     flat = {"/".join(map(str, p[2:])): np.asarray(g[...]) for p, g in nnx.to_flat_state(grads)}
-    bits.assert_tree(flat, run("none", "jit")[1], "RematStack(sqrt, save_dots) vs remat_stack(none) grads")
+    bits.assert_tree(flat, run("none", "jit")[1], "RematStack(sqrt, 'minimal') vs remat_stack(none) grads")
     # nnx.grad wrote the advanced counters back into the module
     assert (nnx.state(net, nnx.RngCount)["blocks"]["layers"]["drop"]["rngs"]["count"][...] == 2).all()
 
