@@ -49,9 +49,10 @@ class ResidualRecord:
             ``"from the argument params['wte']"``.
         is_argument: True when the residual is one of the function's inputs (an argument or a
             closed-over array), or a layout-only view of one (reshape, slice, split, squeeze,
-            transpose, ...; e.g. a segment's parameter slice), or a literal constant (a scalar
-            JAX lists without remat and inlines under ``jax.checkpoint``). Such residuals are
-            parameters, data or constants, not activations.
+            transpose, a broadcast that only adds unit axes, ...; e.g. a segment's parameter
+            slice, or a LayerNorm weight broadcast to ``(1, 1, D)``, also when a scan stacks it per
+            layer), or a literal constant (a scalar JAX lists without remat and inlines under
+            ``jax.checkpoint``). Such residuals are parameters, data or constants, not activations.
         name: the activation name (``checkpoint_name`` tag) the residual carries: the tag itself,
             or the tag that a matrix product's output feeds within a bias add (``h @ W + b``
             tagged ``qkv_proj`` gives its ``dot_general`` output that name). None when untagged,
@@ -81,6 +82,59 @@ def _residual_jaxpr(fn: Callable, args: tuple) -> tuple[_core.Jaxpr, list]:
     return jaxpr, list(jaxpr.outvars[len(jaxpr.outvars) - num_res:])
 
 
+def _is_view(eqn) -> bool:
+    """True for a layout-only equation: a view primitive, or a broadcast that only adds unit axes."""
+    name = eqn.primitive.name
+    if name in _VIEW_PRIMITIVES:
+        return True
+    if name == "broadcast_in_dim" and eqn.invars and not isinstance(eqn.invars[0], _core.Literal):
+        return int(np.prod(eqn.invars[0].aval.shape)) == int(np.prod(eqn.outvars[0].aval.shape))
+    return False
+
+
+def _propagate_from_input(jaxpr: _core.Jaxpr, in_flags: list[bool]) -> dict:
+    """Var -> True when it is an input of ``jaxpr`` (flagged in ``in_flags``), a constant, or a
+    layout-only view of one, following sub-jaxprs (scan bodies, ``jit``, checkpoint, calls).
+
+    A scan's stacked output is flagged when its body emits a view of a constant or of a scanned
+    input (e.g. a LayerNorm weight broadcast to ``(1, 1, D)`` per layer): a parameter, not an
+    activation, though JAX lists it among the residuals. Carries are never flagged.
+    """
+    flags = {v: True for v in jaxpr.constvars}
+    flags.update({v: bool(f) for v, f in zip(jaxpr.invars, in_flags)})
+
+    def flag(v) -> bool:
+        return not isinstance(v, _core.Literal) and flags.get(v, False)
+
+    for eqn in jaxpr.eqns:
+        ins = [flag(v) for v in eqn.invars]
+        if _is_view(eqn):
+            outs = [bool(ins and ins[0])] * len(eqn.outvars)
+        else:
+            outs = _sub_jaxpr_outputs(eqn, ins)
+        flags.update({o: f for o, f in zip(eqn.outvars, outs) if f})
+    return flags
+
+
+def _sub_jaxpr_outputs(eqn, ins: list[bool]) -> list[bool]:
+    """Per output of ``eqn``: whether it is a view of an input, looking inside its sub-jaxpr."""
+    sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+    inner = getattr(sub, "jaxpr", sub)
+    none = [False] * len(eqn.outvars)
+    if not isinstance(inner, _core.Jaxpr) or len(inner.invars) != len(ins):
+        return none
+    if eqn.primitive.name == "scan":
+        n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+        ins = [f and not n_consts <= i < n_consts + n_carry for i, f in enumerate(ins)]
+        inner_flags = _propagate_from_input(inner, ins)
+        outs = [not isinstance(v, _core.Literal) and inner_flags.get(v, False) for v in inner.outvars]
+        return [False] * n_carry + outs[n_carry:] if len(outs) == len(eqn.outvars) else none
+    if len(inner.outvars) != len(eqn.outvars):
+        return none
+    inner_flags = _propagate_from_input(inner, ins)
+    return [not isinstance(v, _core.Literal) and inner_flags.get(v, False) for v in inner.outvars]
+
+
 # Primitives between a matrix product and the tag of the value it produces (``h @ W + b``).
 _TAG_PASS_THROUGH = frozenset({"add", "add_any", "convert_element_type", "reduce_precision"})
 
@@ -92,13 +146,7 @@ def _argument_flags(fn: Callable, args: tuple) -> list[tuple[Any, bool, str | No
     literals = [v for v in outvars if isinstance(v, _core.Literal)]
     res_vars = {subst.get(v, v) for v in outvars if not isinstance(v, _core.Literal)}
 
-    from_input = {v: True for v in (*jaxpr.invars, *jaxpr.constvars)}
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in _VIEW_PRIMITIVES and eqn.invars:
-            src = eqn.invars[0]
-            if not isinstance(src, _core.Literal) and from_input.get(src, False):
-                for out in eqn.outvars:
-                    from_input[out] = True
+    from_input = _propagate_from_input(jaxpr, [True] * len(jaxpr.invars))
 
     producer = {o: e for e in jaxpr.eqns for o in e.outvars}
     consumers: dict = {}

@@ -27,12 +27,17 @@ def test_records_describe_shape_dtype_bytes_and_arguments():
 
 
 def test_parameter_views_count_as_arguments(tiny):
-    """A segment's parameter slice (split/reshape of an argument) or ``wte.T`` is not an activation."""
+    """A segment's parameter slice (split/reshape of an argument), ``wte.T``, or a LayerNorm weight
+    broadcast to (1, 1, D) (also stacked per layer by a scan) is not an activation."""
     cfg, params, tokens = tiny
     recs = saved_residuals(lambda p: loss_fn(p, tokens, cfg, sqrt), params)
     views = [r for r in recs if r.is_argument and "output of" in r.description]
-    assert {r.description.split()[2] for r in views} == {"split", "reshape", "transpose"}
+    assert {r.description.split()[2] for r in views} == {"split", "reshape", "transpose", "broadcast_in_dim", "scan"}
     assert (3, 16, 48) in {r.shape for r in views}  # c_attn.weight of the plain tail group (N=3)
+    D = cfg.d_model
+    stacked_ln = [r for r in views if r.description.startswith("output of scan")]
+    assert stacked_ln and all(r.shape[1:] == (1, 1, D) for r in stacked_ln)  # ln_1/ln_2 weights per layer
+    assert not [r for r in recs if not r.is_argument and r.shape[-3:] == (1, 1, D)]
 
 
 def test_sqrt_saves_fewer_bytes_than_none(default):
