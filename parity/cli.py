@@ -1,4 +1,4 @@
-"""Command line of the parity harness: ``python -m parity run``.
+"""Command line of the parity harness: ``python -m parity run`` and ``python -m parity sweep``.
 
 Exit codes: 0 every check passed; 1 a parity check failed or a case errored; 2 bad input
 (options, output directory); 130 interrupted (the finished cases are in the report).
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeats", type=int, default=5, help="timed training steps per case, median reported (default: 5)")
     run.add_argument("--seed", type=int, default=0, help="seed of the weights and token windows (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    from .sweep_report import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)
     return parser
 
 
@@ -157,6 +160,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         return cmd_run(args)
+    if args.command == "sweep":
+        from .sweep_report import cmd_sweep
+
+        return cmd_sweep(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

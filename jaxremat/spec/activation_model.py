@@ -33,6 +33,7 @@ import dataclasses
 import math
 
 from .config import TransformerConfig
+from .params import param_shapes
 from .schedules import Schedule
 
 FRAMEWORKS = ("jax", "torch")
@@ -290,7 +291,8 @@ def predict_peak_activation_bytes(framework: str, cfg: TransformerConfig, batch:
     bytes: while checkpointed segment j is recomputed and run backward, the boundaries below it,
     what plain segments below it keep, and segment j's recomputed layers are live, plus the
     outside tensors and the gradient of the logits (B, T, V) the backward pass starts from; the
-    peak is the largest of these and of the end of the forward pass. Working buffers of a single
+    peak is the largest of these and of the end of the forward pass. JAX adds
+    :func:`param_layout_bytes` when a segment is checkpointed. Working buffers of a single
     op are not modelled; the measurement adds them (the report flags gaps above 10%).
     """
     segs = schedule.segments_for(cfg.n_layer)
@@ -300,7 +302,21 @@ def predict_peak_activation_bytes(framework: str, cfg: TransformerConfig, batch:
     logits_grad = batch * seq * cfg.vocab_size * _ITEMSIZE[cfg.dtype]
     stack = max(_chain_peak(segs, unit, bnd, inv if framework == "jax" else 0),
                 predict_saved_bytes(framework, cfg, batch, seq, schedule) - outside)
-    return outside + logits_grad + stack
+    return outside + logits_grad + stack + param_layout_bytes(framework, cfg, schedule)
+
+
+def param_layout_bytes(framework: str, cfg: TransformerConfig, schedule: Schedule) -> int:
+    """JAX only: one segment-major copy of the stacked block parameters (or of their gradients).
+
+    ``jaxremat.render.remat_scan`` reshapes/splits the stacked parameters per segment to scan the
+    checkpointed segments; XLA materializes that layout in temp memory, so a schedule with a
+    checkpointed segment holds about one extra copy of the block parameters (measured in the
+    depth sweep; linear in N). 0 for PyTorch and for ``none``.
+    """
+    if framework != "jax" or not any(s.checkpointed for s in schedule.segments_for(cfg.n_layer)):
+        return 0
+    return sum(math.prod(shape) for name, shape in param_shapes(cfg).items() if name.startswith("h.")) \
+        * _ITEMSIZE[cfg.dtype]
 
 
 def korthikanti_layer_bytes(batch: int, seq: int, d_model: int, n_head: int, *, bytes_per_element: int = 2,

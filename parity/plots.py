@@ -1,0 +1,126 @@
+"""Plots of a depth sweep (matplotlib, PNG files next to the report).
+
+* :func:`plot_memory_vs_depth` -- saved and peak activation bytes against depth, log-log, one
+  line per schedule and framework, with the ``2 sqrt(N)`` chain optimum (Chen et al. 2016,
+  arXiv:1604.06174) scaled to the per-layer model's unit for reference.
+* :func:`plot_frontier` -- step-time overhead against peak activation memory saved, one point per
+  plan (schedule and policy) and framework, the Pareto frontier drawn per framework.
+* :func:`plot_block_bytes` -- one block's saved bytes by activation name, JAX and PyTorch side by side.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+_STYLE = {"jax": "-", "torch": "--"}
+_MARK = {"jax": "o", "torch": "s"}
+
+
+def plot_memory_vs_depth(report: dict, path: Path) -> Path:
+    """Two panels (saved, peak activation bytes) against depth; returns ``path``."""
+    cases = [c for c in report["cases"] if c.get("in_depth_sweep") and not c["error"]]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    colors = {p: f"C{i}" for i, p in enumerate(report["plans"])}
+    depths = sorted(report["depths"])
+    for ax, key, title in ((axes[0], "saved_bytes", "saved activation bytes"),
+                           (axes[1], "peak_activation_bytes", "peak activation bytes")):
+        for fw in report["frameworks"]:
+            for plan in report["plans"]:
+                rows = sorted((c for c in cases if c["framework"] == fw and c["plan"] == plan), key=lambda c: c["n_layer"])
+                if rows:
+                    slope = report["slopes"][fw][plan]["saved" if key == "saved_bytes" else "peak_activation"]
+                    label = f"{fw} {plan} (slope {slope:.2f})" if slope is not None else f"{fw} {plan}"
+                    ax.plot([c["n_layer"] for c in rows], [c[key] for c in rows], _STYLE[fw], marker=_MARK[fw],
+                            color=colors[plan], label=label)
+        unit = max(report["layer_bytes"].values())
+        ax.plot(depths, [2 * math.sqrt(n) * unit for n in depths], ":", color="k",
+                label="2*sqrt(N) x one layer (chain optimum)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("depth N (blocks)")
+        ax.set_ylabel("bytes")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points (memory saved, overhead) not dominated (more saved at no more overhead), by saving."""
+    front = []
+    for saved, over in sorted(points, key=lambda p: (p[1], -p[0])):
+        if not front or saved > front[-1][0]:
+            front.append((saved, over))
+    return sorted(front)
+
+
+def plot_frontier(report: dict, path: Path) -> Path:
+    """Step-time overhead vs peak activation memory saved at the frontier depth; returns ``path``."""
+    depth = report["frontier_depth"]
+    cases = [c for c in report["cases"] if c["n_layer"] == depth and not c["error"] and "time_overhead" in c]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for i, fw in enumerate(report["frameworks"]):
+        rows = [c for c in cases if c["framework"] == fw]
+        pts = [(c["memory_saved_fraction"], c["time_overhead"]) for c in rows]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=_MARK[fw], color=f"C{i}", label=fw)
+        for c, (x, y) in zip(rows, pts):
+            ax.annotate(c["plan"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        front = pareto(pts)
+        ax.plot([p[0] for p in front], [p[1] for p in front], _STYLE[fw], color=f"C{i}", alpha=0.6,
+                label=f"{fw} frontier")
+    ax.set_xlabel(f"peak activation memory saved vs none (fraction), N={depth}")
+    ax.set_ylabel("step time / none's")
+    ax.set_title("remat frontier: time paid for memory saved")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_block_bytes(report: dict, path: Path) -> Path:
+    """One block's saved bytes by activation name, both frameworks side by side; returns ``path``."""
+    block = report["block"]
+    fws = [fw for fw in report["frameworks"] if block[fw]["bytes_by_name"]]
+    names: list[str] = []
+    for fw in fws:
+        names += [n for n in block[fw]["bytes_by_name"] if n not in names]
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    width = 0.8 / max(1, len(fws))
+    for i, fw in enumerate(fws):
+        vals = [block[fw]["bytes_by_name"].get(n, 0) for n in names]
+        ax.bar([k + (i - (len(fws) - 1) / 2) * width for k in range(len(names))], vals, width,
+               label=f"{fw} ({block[fw]['measured_bytes']:,} B per block)")
+    ax.set_xticks(range(len(names)), [("mask (unnamed)" if n == "None" else n) for n in names], rotation=30, ha="right")
+    ax.set_ylabel("bytes kept for the backward pass")
+    ax.set_title(f"one block under none, B={report['batch_size']} T={report['seq_len']} "
+                 f"D={report['config']['d_model']} F={report['config']['d_ff']} H={report['config']['n_head']}")
+    ax.legend()
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(report: dict, out_dir: Path) -> dict[str, str]:
+    """All three plots into ``out_dir``; returns ``{kind: file name}``."""
+    out_dir = Path(out_dir)
+    files = {"memory_vs_depth": "memory_vs_depth.png", "frontier": "frontier.png", "block_bytes": "block_bytes.png"}
+    plot_memory_vs_depth(report, out_dir / files["memory_vs_depth"])
+    if report.get("frontier_depth") is not None:
+        plot_frontier(report, out_dir / files["frontier"])
+    else:
+        files.pop("frontier")
+    plot_block_bytes(report, out_dir / files["block_bytes"])
+    return files

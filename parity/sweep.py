@@ -1,0 +1,351 @@
+"""Depth sweep: activation memory and step time against depth, per schedule, in both frameworks.
+
+``python -m parity sweep`` measures, for each depth N and each remat plan, in JAX and PyTorch:
+
+* **saved bytes** -- activations kept by the forward pass for the backward pass (parameters
+  excluded, also where JAX lists them among the residuals; :mod:`jaxremat.memory`), beside the
+  exact per-tensor prediction of :mod:`jaxremat.spec.activation_model`;
+* **peak activation bytes** -- the step's peak less parameters, gradients and optimizer state:
+  JAX, XLA's compiled buffer plan of ``jit(value_and_grad(loss_fn))`` (argument + output + temp -
+  alias) minus parameters (arguments) and gradients (outputs), which leaves temp bytes plus the
+  tokens and the loss; PyTorch on CPU, the bytes of storages allocated during the step
+  (:mod:`torchref.live_bytes`; equal to ``MemTracker``'s peak less its ``PARAM``, ``BUFFER``,
+  ``GRAD`` and ``OPT`` categories, at a fraction of its cost at depth). On a GPU: the device counters (JAX
+  ``peak_bytes_in_use`` in a fresh process per case, :mod:`parity.gpu_pass`; torch
+  ``max_memory_allocated`` after a reset) less what was allocated before the step;
+* **step time** -- median of one forward+backward step, reported as a ratio to ``none`` at the
+  same depth (measured side by side in one run).
+
+It fits the log-log slope of each memory against depth per schedule (Chen et al. 2016,
+arXiv:1604.06174: about 1 for ``none``, about 0.5 for ``sqrt``, whose peak is ``2 sqrt(N)``
+units), compares the N=64 peak reduction of ``sqrt`` with the per-layer model's and the unit
+model's ``65/16``, and measures a frontier (step-time overhead against memory saved) of
+schedules and policies at one depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+
+import numpy as np
+
+from jaxremat.spec import TransformerConfig, init_params, param_shapes, peak_units
+from jaxremat.spec import activation_model as am
+from jaxremat.spec.plan import RematPlan, parse_plan
+
+DEFAULT_DEPTHS = (4, 8, 16, 32, 64)
+DEFAULT_SCHEDULES = ("none", "full", "sqrt", "nested")
+FRONTIER_PLANS = ("none", "full", "sqrt", "nested", "every_k(2)", "full+save_dots", "full+save_qkv_proj",
+                  "full+attention_only")
+SWEEP_CONFIG = TransformerConfig(n_layer=4, d_model=32, n_head=2, d_ff=128, max_seq_len=32, vocab_size=256)
+GAP_LIMIT = 0.10
+"""Predicted vs measured gaps above this fraction of the measurement are flagged."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    """What one sweep covers.
+
+    Attributes:
+        depths: block counts N (each >= 1, at least two for a slope).
+        plans: remat plans (``SCHEDULE`` or ``SCHEDULE+POLICY``), ``none`` included.
+        frameworks: subset of ``("jax", "torch")``.
+        config: the model (its ``n_layer`` is replaced by each depth).
+        batch_size, seq_len: B and T of the token batch.
+        frontier_depth: depth of the frontier measurement (None: skip it).
+        frontier_plans: plans of the frontier.
+        timing_repeats: timed steps per case (median), after one warm-up.
+    """
+
+    depths: tuple[int, ...] = DEFAULT_DEPTHS
+    plans: tuple[str, ...] = DEFAULT_SCHEDULES
+    frameworks: tuple[str, ...] = ("jax", "torch")
+    config: TransformerConfig = SWEEP_CONFIG
+    batch_size: int = 2
+    seq_len: int = 32
+    frontier_depth: int | None = 16
+    frontier_plans: tuple[str, ...] = FRONTIER_PLANS
+    timing_repeats: int = 3
+
+    def __post_init__(self) -> None:
+        if len(set(self.depths)) < 2 or any(not isinstance(d, int) or d < 1 for d in self.depths):
+            raise ValueError(f"depths must be at least two distinct integers >= 1, got {self.depths}")
+        bad = [f for f in self.frameworks if f not in am.FRAMEWORKS]
+        if bad or not self.frameworks:
+            raise ValueError(f"frameworks must be a non-empty subset of {am.FRAMEWORKS}, got {self.frameworks}")
+        for p in (*self.plans, *self.frontier_plans):
+            parse_plan(p)  # raises ValueError with the valid names
+        if not 1 <= self.seq_len <= self.config.max_seq_len or self.batch_size < 1:
+            raise ValueError(f"need batch_size >= 1 and 1 <= seq_len <= {self.config.max_seq_len}")
+        if self.timing_repeats < 1:
+            raise ValueError(f"timing_repeats must be >= 1, got {self.timing_repeats}")
+
+
+def _param_bytes(cfg: TransformerConfig) -> int:
+    item = np.dtype(cfg.dtype).itemsize
+    return sum(math.prod(s) for s in param_shapes(cfg).values()) * item
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(statistics.median(times))
+
+
+def measure_jax(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, repeats: int) -> dict:
+    """Saved, peak-activation bytes and step time of ``jit(value_and_grad(loss_fn))`` in JAX."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxremat.memory import compiled_stats, gpu_available, saved_residuals
+    from jaxremat.model import loss_fn
+    from jaxremat.survival import count_dots
+
+    params = {k: jnp.asarray(v) for k, v in init_params(cfg).items()}
+    tok = jnp.asarray(tokens, dtype=jnp.int32)
+    policy = None if plan.policy.saves_nothing else plan.policy
+
+    def loss(p, t):
+        return loss_fn(p, t, cfg, plan.schedule, policy=policy)
+
+    records = saved_residuals(lambda p: loss(p, tok), params)
+    acts = [r for r in records if not r.is_argument]
+    lowered = jax.jit(jax.value_and_grad(loss)).lower(params, tok)
+    compiled = lowered.compile()
+    stats = compiled_stats(compiled)
+    out = {
+        "saved_bytes": sum(r.bytes for r in acts if r.memory == "device"),
+        "offloaded_bytes": sum(r.bytes for r in acts if r.memory == "host"),
+        "peak_bytes": stats["peak_bytes"],
+        "peak_activation_bytes": stats["peak_bytes"] - 2 * _param_bytes(cfg),
+        "peak_source": f"{stats['source']}, less parameters (arguments) and gradients (outputs)",
+        "compiled": {k: v for k, v in stats.items() if k != "source"},
+        "step_time_s": _median_time(lambda: jax.block_until_ready(compiled(params, tok)), repeats),
+    }
+    out["dots_before"] = count_dots(lowered.as_text(), optimized=False)
+    out["dots_after"] = count_dots(compiled.as_text(), optimized=True)
+    if gpu_available():
+        out["peak_source"] += "; device peaks: python -m parity.gpu_pass"
+    return out
+
+
+def measure_torch(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, repeats: int) -> dict:
+    """Saved, peak-activation bytes and step time of one forward+backward step in PyTorch."""
+    import torch
+
+    from torchref.live_bytes import step_peak_bytes
+    from torchref.memory import SavedActivationRecorder, peak_step_bytes
+    from torchref.model import GPT
+    from torchref.render import model_loss
+
+    model = GPT.from_params(cfg, init_params(cfg))
+    tok = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    policy = None if plan.policy.saves_nothing else plan.policy
+    recorder = SavedActivationRecorder(exclude=[*model.parameters(), *model.buffers()])
+    with recorder:
+        loss = model_loss(model, tok, plan.schedule, policy=policy, on_checkpoint_input=recorder.record_boundary)
+    del loss
+
+    def step():
+        model.zero_grad(set_to_none=False)  # gradients stay allocated: constant, subtracted below
+        model_loss(model, tok, plan.schedule, policy=policy).backward()
+
+    step()  # allocates the gradients
+    fixed = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters())]
+    if next(model.parameters()).is_cuda:
+        peak = peak_step_bytes(step, model)  # reset, then torch.cuda.max_memory_allocated
+        act = peak.breakdown["step_increase"]
+        source = f"{peak.source} less memory allocated before the step (parameters, gradients)"
+    else:
+        act = step_peak_bytes(step, fixed)
+        source = "torchref.live_bytes (storages allocated during the step; = MemTracker less PARAM, GRAD, OPT)"
+    return {
+        "saved_bytes": int(recorder.total_bytes),
+        "offloaded_bytes": 0,
+        "peak_bytes": int(act + sum(t.untyped_storage().nbytes() for t in fixed)),
+        "peak_activation_bytes": int(act),
+        "peak_source": source,
+        "step_time_s": _median_time(step, repeats),
+    }
+
+
+def _predictions(framework: str, cfg, B: int, T: int, plan: RematPlan) -> dict:
+    if not plan.policy.saves_nothing:  # the per-layer model covers schedules, not policies
+        return {"predicted_saved_bytes": None, "predicted_peak_activation_bytes": None}
+    return {"predicted_saved_bytes": am.predict_saved_bytes(framework, cfg, B, T, plan.schedule),
+            "predicted_peak_activation_bytes": am.predict_peak_activation_bytes(framework, cfg, B, T, plan.schedule)}
+
+
+def gap(predicted: int | None, measured: int | None) -> float | None:
+    """``(predicted - measured) / measured``, or None when either is missing."""
+    if predicted is None or not measured:
+        return None
+    return (predicted - measured) / measured
+
+
+def run_case(framework: str, cfg: TransformerConfig, tokens: np.ndarray, plan_text: str, repeats: int) -> dict:
+    """One measured case with its predictions and gaps (a failure is recorded, not raised)."""
+    plan = parse_plan(plan_text)
+    B, T = tokens.shape[0], tokens.shape[1] - 1
+    case = {"framework": framework, "plan": plan.name, "n_layer": cfg.n_layer, "error": None,
+            "unit_peak": peak_units(cfg.n_layer, plan.schedule), **_predictions(framework, cfg, B, T, plan)}
+    try:
+        measure = measure_jax if framework == "jax" else measure_torch
+        case.update(measure(cfg, tokens, plan, repeats))
+    except Exception as exc:  # recorded; the sweep goes on
+        case["error"] = f"{type(exc).__name__}: {exc}"
+        return case
+    case["saved_gap"] = gap(case["predicted_saved_bytes"], case["saved_bytes"])
+    case["peak_gap"] = gap(case["predicted_peak_activation_bytes"], case["peak_activation_bytes"])
+    case["flags"] = [f"{what} predicted {g:+.0%} off the measurement" for what, g in
+                     (("saved bytes", case["saved_gap"]), ("peak activation bytes", case["peak_gap"]))
+                     if g is not None and abs(g) > GAP_LIMIT]
+    return case
+
+
+def fit_slope(depths, values) -> float | None:
+    """Least-squares slope of ``log(values)`` against ``log(depths)``; None with < 2 positive points."""
+    pts = [(math.log(d), math.log(v)) for d, v in zip(depths, values) if v and v > 0]
+    if len(pts) < 2:
+        return None
+    x, y = np.array(pts).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def _tokens(sweep: SweepConfig) -> np.ndarray:
+    from .data import token_batch
+
+    return token_batch(sweep.batch_size, sweep.seq_len) % sweep.config.vocab_size
+
+
+def _attach_survival(cases: list[dict]) -> None:
+    """JAX cases: did the compiled program realize the saving its residuals promise (vs ``none``)?"""
+    from jaxremat.survival import assess
+
+    by_depth = {c["n_layer"]: c for c in cases if c["framework"] == "jax" and c["plan"] == "none" and not c["error"]}
+    for c in cases:
+        ref = by_depth.get(c["n_layer"])
+        if c["framework"] != "jax" or c["error"] or ref is None or c is ref:
+            continue
+        s = assess(f"{c['plan']} at N={c['n_layer']}", none_saved=ref["saved_bytes"], saved=c["saved_bytes"],
+                   none_temp=ref["compiled"]["temp_bytes"], temp=c["compiled"]["temp_bytes"],
+                   dots_before=c["dots_before"], dots_after=c["dots_after"])
+        c["survival"] = s.as_dict()
+
+
+def _attach_ratios(cases: list[dict]) -> None:
+    """Step-time and memory ratios to ``none`` at the same depth and framework."""
+    ref = {(c["framework"], c["n_layer"]): c for c in cases if c["plan"] == "none" and not c["error"]}
+    for c in cases:
+        r = ref.get((c["framework"], c["n_layer"]))
+        if c["error"] or r is None:
+            continue
+        c["time_overhead"] = c["step_time_s"] / r["step_time_s"]
+        c["saved_ratio"] = c["saved_bytes"] / r["saved_bytes"]
+        c["peak_activation_ratio"] = c["peak_activation_bytes"] / r["peak_activation_bytes"]
+        c["memory_saved_fraction"] = 1.0 - c["peak_activation_ratio"]
+
+
+def slopes(cases: list[dict], depths) -> dict:
+    """``{framework: {plan: {"saved": slope, "peak_activation": slope}}}`` over the depth cases."""
+    out: dict = {}
+    for c in cases:
+        out.setdefault(c["framework"], {}).setdefault(c["plan"], None)
+    for fw, plans in out.items():
+        for plan in plans:
+            rows = sorted((c for c in cases if c["framework"] == fw and c["plan"] == plan
+                           and c["n_layer"] in depths and not c["error"]), key=lambda c: c["n_layer"])
+            ds = [c["n_layer"] for c in rows]
+            plans[plan] = {"saved": fit_slope(ds, [c["saved_bytes"] for c in rows]),
+                           "peak_activation": fit_slope(ds, [c["peak_activation_bytes"] for c in rows]),
+                           "depths": ds}
+    return out
+
+
+def sqrt_reduction(cases: list[dict], cfg: TransformerConfig, B: int, T: int, depth: int) -> dict:
+    """Peak-activation reduction ``none / sqrt`` at ``depth``: measured, per-layer model, unit model."""
+    from jaxremat.spec import parse_schedule
+
+    none, sq = parse_schedule("none"), parse_schedule("sqrt")
+    c_at = cfg.replace(n_layer=depth)
+    out = {"n_layer": depth, "unit_model": peak_units(depth, none) / peak_units(depth, sq)}
+    for fw in am.FRAMEWORKS:
+        got = {c["plan"]: c for c in cases if c["framework"] == fw and c["n_layer"] == depth and not c["error"]}
+        if "none" not in got or "sqrt" not in got:
+            continue
+        out[fw] = {
+            "measured": got["none"]["peak_activation_bytes"] / got["sqrt"]["peak_activation_bytes"],
+            "measured_saved": got["none"]["saved_bytes"] / got["sqrt"]["saved_bytes"],
+            "per_layer_model": (am.predict_peak_activation_bytes(fw, c_at, B, T, none)
+                                / am.predict_peak_activation_bytes(fw, c_at, B, T, sq)),
+        }
+    return out
+
+
+def block_accounts(cfg: TransformerConfig, B: int, T: int, frameworks) -> dict:
+    """Per-block saved bytes by activation name: measured (one block, ``none``) and the model's."""
+    out = {}
+    for fw in frameworks:
+        model = am.block_tensors(fw, cfg, B, T)
+        if fw == "jax":
+            from jaxremat.block_memory import block_residuals
+
+            measured = [(r.shape, r.dtype, r.bytes) for r in block_residuals(cfg, B, T)]
+        else:
+            from torchref.block_memory import block_saved
+
+            measured = [(tuple(r["shapes"][0]), r["dtype"], r["bytes"]) for r in block_saved(cfg, B, T)]
+        match = measured == [(t.shape, t.dtype, t.bytes) for t in model]
+        by_name: dict = {}
+        for t, (_, _, nbytes) in zip(model, measured):  # measured bytes, named by the matching model entry
+            by_name[str(t.name)] = by_name.get(str(t.name), 0) + nbytes
+        out[fw] = {"measured_bytes": sum(m[2] for m in measured), "predicted_bytes": sum(t.bytes for t in model),
+                   "tensor_by_tensor_match": match, "bytes_by_name": by_name if match else None,
+                   "tensors": [dataclasses.asdict(t) for t in model]}
+    return out
+
+
+def run_sweep(sweep: SweepConfig, on_case=None) -> dict:
+    """Run every (depth, plan, framework) case and the frontier; return the report object.
+
+    Raises:
+        ValueError: invalid sweep (before any case runs).
+    """
+    tokens = _tokens(sweep)
+    B, T = sweep.batch_size, sweep.seq_len
+    jobs = [(d, p) for d in sorted(set(sweep.depths)) for p in sweep.plans]
+    if sweep.frontier_depth is not None:
+        jobs += [(sweep.frontier_depth, p) for p in sweep.frontier_plans if (sweep.frontier_depth, p) not in jobs]
+    cases = []
+    for depth, plan in jobs:
+        cfg = sweep.config.replace(n_layer=depth)
+        for fw in sweep.frameworks:
+            t0 = time.perf_counter()
+            case = run_case(fw, cfg, tokens, plan, sweep.timing_repeats)
+            case["case_wall_s"] = time.perf_counter() - t0
+            case["in_depth_sweep"] = depth in sweep.depths and plan in sweep.plans
+            cases.append(case)
+            if on_case:
+                on_case(case)
+    _attach_ratios(cases)
+    _attach_survival(cases)
+    depth_cases = [c for c in cases if c["in_depth_sweep"]]
+    return {
+        "schema": 1, "config": dataclasses.asdict(sweep.config), "batch_size": B, "seq_len": T,
+        "depths": list(sweep.depths), "plans": list(sweep.plans), "frameworks": list(sweep.frameworks),
+        "frontier_depth": sweep.frontier_depth, "gap_limit": GAP_LIMIT,
+        "cases": cases, "slopes": slopes(depth_cases, sweep.depths),
+        "sqrt_reduction": sqrt_reduction(cases, sweep.config, B, T, max(sweep.depths)),
+        "block": block_accounts(sweep.config, B, T, sweep.frameworks),
+        "korthikanti_layer_bytes": am.korthikanti_layer_bytes(B, T, sweep.config.d_model, sweep.config.n_head,
+                                                              bytes_per_element=np.dtype(sweep.config.dtype).itemsize,
+                                                              dropout=False, d_ff=sweep.config.d_ff),
+        "layer_bytes": {fw: am.layer_bytes(fw, sweep.config, B, T) for fw in sweep.frameworks},
+    }
