@@ -1,0 +1,64 @@
+"""parity.sweep: a tiny depth sweep in both frameworks, its predictions, slopes, files and CLI."""
+
+import json
+
+import pytest
+
+from jaxremat.spec import TransformerConfig
+from parity.cli import main
+from parity.sweep import SweepConfig, fit_slope, run_sweep
+
+TINY = TransformerConfig(vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
+
+
+@pytest.fixture(scope="module")
+def report():
+    sweep = SweepConfig(depths=(2, 4), plans=("none", "full"), config=TINY, batch_size=2, seq_len=8,
+                        frontier_depth=None, timing_repeats=1)
+    return run_sweep(sweep)
+
+
+def test_saved_bytes_equal_the_model_in_both_frameworks(report):
+    cases = [c for c in report["cases"] if not c["error"]]
+    assert len(cases) == 8
+    for c in cases:
+        assert c["saved_bytes"] == c["predicted_saved_bytes"], c
+        assert c["peak_activation_bytes"] > 0 and c["step_time_s"] > 0 and c["peak_source"]
+    for fw in ("jax", "torch"):
+        assert report["block"][fw]["tensor_by_tensor_match"]
+        assert sum(report["block"][fw]["bytes_by_name"].values()) == report["block"][fw]["measured_bytes"]
+
+
+def test_slopes_and_reduction_reported(report):
+    s = report["slopes"]
+    for fw in ("jax", "torch"):
+        assert s[fw]["none"]["saved"] > s[fw]["full"]["saved"]
+        assert s[fw]["none"]["depths"] == [2, 4]
+    assert report["sqrt_reduction"]["n_layer"] == 4 and report["sqrt_reduction"]["unit_model"] == 5 / 4
+
+
+def test_fit_slope():
+    assert fit_slope([4, 16, 64], [8, 32, 128]) == pytest.approx(1.0)
+    assert fit_slope([4, 16, 64], [2, 4, 8]) == pytest.approx(0.5)
+    assert fit_slope([4], [1]) is None
+
+
+def test_bad_sweep_config_raises():
+    with pytest.raises(ValueError, match="depths"):
+        SweepConfig(depths=(4,))
+    with pytest.raises(ValueError, match="frameworks"):
+        SweepConfig(frameworks=("tf",))
+    with pytest.raises(ValueError):
+        SweepConfig(plans=("nonsense",))
+
+
+def test_cli_sweep_writes_json_markdown_and_plots(tmp_path):
+    rc = main(["sweep", "--depths", "1,2", "--schedules", "full", "--frameworks", "torch", "--frontier-depth", "2",
+               "--frontier-plans", "full", "--repeats", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "sweep.json").read_text())
+    assert set(data["slopes"]["torch"]) == {"none", "full"}
+    md = (tmp_path / "sweep.md").read_text()
+    for png in ("memory_vs_depth.png", "frontier.png", "block_bytes.png"):
+        assert (tmp_path / png).stat().st_size > 1000 and f"({png})" in md
+    assert main(["sweep", "--depths", "x"]) == 2
