@@ -1,0 +1,137 @@
+"""The GPU measurement pass of the quick suite: device peak bytes per schedule in both frameworks.
+
+``python -m parity.gpu_pass --out gpu-report`` (or ``scripts/gpu_pass.sh``) runs, for every schedule
+of the quick suite (``gpt-small``, float32), one loss+gradient step and reads the device's own
+counters:
+
+* JAX: ``jax.Device.memory_stats()["peak_bytes_in_use"]``, a high-water mark since the process
+  started that JAX cannot reset, so each case runs in a fresh subprocess;
+* PyTorch: ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats()``,
+  in-process, the peak reset between cases.
+
+Each number is written with its source (:func:`peak_source`). Without a GPU the pass exits 2 and
+says so; it never reports a silent 0 (``torch.cuda.max_memory_allocated`` returns 0 on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SOURCES = {
+    ("jax", "gpu"): "jax.Device.memory_stats()['peak_bytes_in_use'] (fresh process per case)",
+    ("torch", "cuda"): "torch.cuda.max_memory_allocated (peak reset between cases)",
+    ("jax", "cpu"): "XLA compiled memory_analysis (cpu)",
+    ("torch", "cpu"): "torchref.live_bytes / MemTracker (cpu)",
+}
+
+
+def peak_source(framework: str, backend: str) -> str:
+    """Where a peak number comes from for ``framework`` on ``backend`` (``"gpu"``/``"cuda"``/``"cpu"``).
+
+    A GPU backend always selects the device counters; anything else the CPU measurements.
+
+    Raises:
+        ValueError: unknown framework.
+    """
+    if framework not in ("jax", "torch"):
+        raise ValueError(f"framework must be 'jax' or 'torch', got {framework!r}")
+    gpu = backend in ("gpu", "cuda")
+    return SOURCES[(framework, ("gpu" if framework == "jax" else "cuda") if gpu else "cpu")]
+
+
+def _jax_case(schedule: str) -> dict:
+    """One JAX case in this process (called in a subprocess): device peak of one loss+grad step."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxremat.model import loss_fn
+    from jaxremat.spec import init_params, parse_schedule
+
+    from .data import token_batch
+    from .models import get_preset
+
+    preset = get_preset("gpt-small")
+    cfg, sched = preset.config, parse_schedule(schedule)
+    params = {k: jnp.asarray(v) for k, v in init_params(cfg).items()}
+    tokens = jnp.asarray(token_batch(preset.batch_size, preset.seq_len), dtype=jnp.int32)
+    dev = jax.devices()[0]
+    before = int(dev.memory_stats()["bytes_in_use"])
+    step = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, tokens, cfg, sched)))
+    jax.block_until_ready(step(params))
+    peak = int(dev.memory_stats()["peak_bytes_in_use"])
+    return {"framework": "jax", "schedule": schedule, "peak_bytes": peak, "bytes_before": before,
+            "step_peak_bytes": peak - before, "source": peak_source("jax", jax.default_backend())}
+
+
+def _torch_cases(schedules) -> list[dict]:
+    import numpy as np
+    import torch
+
+    from jaxremat.spec import init_params, parse_schedule
+    from torchref.model import GPT
+    from torchref.render import model_loss
+
+    from .data import token_batch
+    from .models import get_preset
+
+    preset = get_preset("gpt-small")
+    cfg = preset.config
+    tokens = torch.from_numpy(np.asarray(token_batch(preset.batch_size, preset.seq_len), dtype=np.int64)).cuda()
+    out = []
+    for schedule in schedules:
+        model = GPT.from_params(cfg, init_params(cfg)).cuda()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        model_loss(model, tokens, parse_schedule(schedule)).backward()
+        torch.cuda.synchronize()
+        peak = int(torch.cuda.max_memory_allocated())
+        out.append({"framework": "torch", "schedule": schedule, "peak_bytes": peak, "bytes_before": int(before),
+                    "step_peak_bytes": peak - int(before), "source": peak_source("torch", "cuda")})
+        del model
+    return out
+
+
+def main(argv=None) -> int:
+    from jaxremat.spec import DEFAULT_SCHEDULES
+
+    p = argparse.ArgumentParser(prog="python -m parity.gpu_pass", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("gpu-report"))
+    p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES))
+    p.add_argument("--case", help=argparse.SUPPRESS)  # internal: one JAX case in a subprocess
+    args = p.parse_args(argv)
+    if args.case:
+        print(json.dumps(_jax_case(args.case)))
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_pass: no CUDA GPU here; the device measurements need one (CPU numbers: python -m parity run)",
+              file=sys.stderr)
+        return 2
+    schedules = [s for s in args.schedules.split(",") if s]
+    rows = []
+    for s in schedules:
+        res = subprocess.run([sys.executable, "-m", "parity.gpu_pass", "--case", s], capture_output=True, text=True,
+                             timeout=240)
+        if res.returncode:
+            rows.append({"framework": "jax", "schedule": s, "error": res.stderr[-2000:]})
+        else:
+            rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    rows += _torch_cases(schedules)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_pass.json").write_text(json.dumps({"model": "gpt-small", "cases": rows}, indent=1))
+    lines = ["| framework | schedule | step peak bytes | peak bytes | source |", "|---|---|---|---|---|"]
+    lines += [f"| {r['framework']} | {r['schedule']} | {r.get('step_peak_bytes', 'error')} | {r.get('peak_bytes', '-')} | "
+              f"{r.get('source', r.get('error', ''))[:200]} |" for r in rows]
+    (args.out / "gpu_pass.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
