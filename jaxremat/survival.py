@@ -86,9 +86,10 @@ def assess(name: str, *, none_saved: int, saved: int, none_temp: int, temp: int,
         merged = dots_before is not None and dots_after is not None and dots_after < dots_before
         how = (f"XLA removed {dots_before - dots_after} of {dots_before} matrix products: the recompute was "
                "merged into the forward pass" if merged else
-               "the recompute is still in the program but its buffers stay live (scheduled early); "
-               "on XLA:CPU this happens to Python-unrolled layers; stack the layers and scan them "
-               "(jaxremat.render.remat_scan)")
+               "no matrix product was removed, so the recompute is still in the program and other buffers "
+               "stay live: XLA:CPU schedules the recompute of Python-unrolled layers next to the forward pass "
+               "(stack the layers and scan them, jaxremat.render.remat_scan), and at small depths a scanned "
+               "schedule's segment-major parameter copies can outweigh the saving")
         warning = (f"{name}: remat did not survive compilation. Its saved residuals promise "
                    f"{promised:,} bytes less than no remat, but the compiled program's temp memory is "
                    f"{temp:,} bytes against {none_temp:,} without remat (a saving of {realized:,} bytes, "
