@@ -51,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--schedules", default=None,
                      help=f"comma-separated plans SCHEDULE or SCHEDULE+POLICY to check against 'none' (schedules: "
                      f"{', '.join(SCHEDULE_NAMES)}; policies: {', '.join(POLICY_NAMES)}; the '+' needs no quoting); "
-                     f"default: the --suite's list (quick: {','.join(DEFAULT_SCHEDULES)})")
+                     f"default: the --suite's list (quick: the model's list, else {','.join(DEFAULT_SCHEDULES)})")
+    run.add_argument("--checkpoint", default=None, type=Path, metavar="DIR",
+                     help="run on a local Hugging Face checkpoint directory instead of --model (config.json, "
+                     "model.safetensors, tokenizer.json; BERT: contrastive fine-tuning on the bundled sentence "
+                     "pairs; GPT-2: next-token training on the bundled corpus)")
     run.add_argument("--dtype", default="float32",
                      help=f"comma-separated dtypes among {', '.join(SUPPORTED_DTYPES)} (default: float32)")
     run.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
@@ -59,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="output directory for report.json and report.md (default: parity-report/); a previous "
                      "report there is moved to previous/<timestamp>/ unless --overwrite")
     run.add_argument("--overwrite", action="store_true", help="replace a previous report in --out instead of keeping it")
-    run.add_argument("--repeats", type=int, default=5, help="timed training steps per case, median reported (default: 5)")
+    run.add_argument("--repeats", type=int, default=None,
+                     help="timed training steps per case, median reported (default: the model's, else 5)")
     run.add_argument("--seed", type=int, default=0, help="seed of the weights and token windows (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     from .sweep_report import add_parser as add_sweep_parser
@@ -73,7 +78,14 @@ def _suite_from_args(args):
 
     from .suite import SUITE_PLANS, SuiteConfig
 
-    preset = get_preset(args.model)
+    if args.checkpoint is not None:
+        from .pretrained import checkpoint_preset
+
+        preset = checkpoint_preset(args.checkpoint)
+    else:
+        preset = get_preset(args.model)
+    if preset.checkpoint is not None:
+        preset.checkpoint()  # a missing checkpoint is bad input (exit 2 with the install command)
     dtypes = tuple(dict.fromkeys(_split(args.dtype)))
     bad = [d for d in dtypes if d not in SUPPORTED_DTYPES]
     if bad or not dtypes:
@@ -82,17 +94,23 @@ def _suite_from_args(args):
     badf = [f for f in frameworks if f not in ("jax", "torch")]
     if badf or not frameworks:
         raise ValueError(f"--frameworks: unknown framework {badf or args.frameworks!r}; valid: jax, torch")
-    schedules = SUITE_PLANS[args.suite] if args.schedules is None else _split(args.schedules)
+    if args.schedules is not None:
+        schedules = _split(args.schedules)
+    else:
+        schedules = (preset.schedules or SUITE_PLANS["quick"]) if args.suite == "quick" else SUITE_PLANS[args.suite]
     if not schedules:
         raise ValueError(f"--schedules is empty; valid forms: {', '.join(SCHEDULE_NAMES)}")
     for s in schedules:
         parse_plan(s)
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}")
+    if args.repeats is None:
+        args.repeats = preset.repeats or 5
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     suite = SuiteConfig(name=args.suite, preset=preset, schedules=schedules, dtypes=dtypes,
-                        frameworks=frameworks, timing_repeats=args.repeats, seed=args.seed)
+                        frameworks=frameworks, timing_repeats=args.repeats, seed=args.seed,
+                        **({"hparams": preset.hparams} if preset.hparams is not None else {}))
     suite.schedule_objects()  # validates schedule parameters against the model depth
     return suite
 
@@ -102,7 +120,7 @@ def cmd_run(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .report import OutputDirError, prepare_out_dir, print_tables, write_report
-    from .suite import FRAMEWORK_MODES, report_passed, run_suite
+    from .suite import count_cases, report_passed, run_suite
 
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -113,8 +131,7 @@ def cmd_run(args) -> int:
         return 2
     if kept:
         console.print(kept)
-    n_modes = sum(1 for f, _ in FRAMEWORK_MODES if f in suite.frameworks)
-    total = len(suite.dtypes) * n_modes * len(suite.schedule_objects())
+    total = count_cases(suite)
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), console=console, disable=args.no_progress, transient=True)

@@ -41,6 +41,28 @@ SAVE_NOTHING = POLICIES["save_nothing"]
 MODES = ("jit", "eager")
 
 
+def objective(cfg: TransformerConfig):
+    """The loss function of ``cfg``'s architecture, ``(params, tokens, cfg, schedule, key) -> loss``.
+
+    GPT: next-token cross-entropy (:func:`jaxremat.model.loss_fn`); BERT: the contrastive
+    sentence-embedding loss (:func:`jaxremat.encoder.loss_fn`).
+    """
+    if cfg.arch == "bert":
+        from jaxremat.encoder import loss_fn as encoder_loss_fn
+
+        return encoder_loss_fn
+    return loss_fn
+
+
+def _reverse_loop_fn(cfg: TransformerConfig):
+    """The hand-rolled reverse segment loop of ``cfg``'s architecture."""
+    if cfg.arch == "bert":
+        from jaxremat.encoder_reverse_loop import reverse_loop_value_and_grad as encoder_reverse_loop
+
+        return encoder_reverse_loop
+    return reverse_loop_value_and_grad
+
+
 @dataclasses.dataclass(frozen=True)
 class _Programs:
     """The functions of one (cfg, schedule, hparams): plain (for eager mode) and jitted."""
@@ -74,15 +96,17 @@ def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, 
     tx = optax.adamw(hparams.learning_rate, b1=hparams.b1, b2=hparams.b2, eps=hparams.eps,
                      weight_decay=hparams.weight_decay)
 
+    loss = objective(cfg)
+
     def value_and_grad(params, tokens, key):
-        return jax.value_and_grad(loss_fn)(params, tokens, cfg, schedule, key, policy=policy)
+        return jax.value_and_grad(loss)(params, tokens, cfg, schedule, key, policy=policy)
 
     def apply_adamw(grads, opt_state, params):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
     def reverse_loop(params, tokens, key):
-        return reverse_loop_value_and_grad(params, tokens, cfg, schedule, key)
+        return _reverse_loop_fn(cfg)(params, tokens, cfg, schedule, key)
 
     return _Programs(value_and_grad, apply_adamw, reverse_loop, tx.init,
                      jax.jit(value_and_grad), jax.jit(apply_adamw), jax.jit(reverse_loop))
@@ -192,7 +216,7 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
             _, rl_grads = jax.block_until_ready(reverse(params, tokens, key))
         out["reverse_loop_grads"] = _to_numpy(rl_grads)
 
-    records = saved_residuals(lambda p: loss_fn(p, tokens, cfg, schedule, key, policy=policy), params)
+    records = saved_residuals(lambda p: objective(cfg)(p, tokens, cfg, schedule, key, policy=policy), params)
     out["residuals"] = [dataclasses.asdict(r) for r in records]
     out["residual_bytes"] = int(sum(r.bytes for r in records if not r.is_argument and r.memory == "device"))
     out["offloaded_bytes"] = int(sum(r.bytes for r in records if not r.is_argument and r.memory == "host"))

@@ -107,6 +107,27 @@ def case_row(c: dict) -> list[str]:
     ]
 
 
+def case_table(report: dict) -> tuple[tuple[str, ...], list[list[str]]]:
+    """Columns and rows of the case table; a ``dropout`` column is added when some case has dropout."""
+    rows = [case_row(c) for c in report["cases"]]
+    if not any(c.get("dropout") for c in report["cases"]):
+        return CASE_COLUMNS, rows
+    i = CASE_COLUMNS.index("dtype") + 1
+    return (CASE_COLUMNS[:i] + ("dropout",) + CASE_COLUMNS[i:],
+            [r[:i] + [f"{c.get('dropout', 0.0):g}"] + r[i:] for r, c in zip(rows, report["cases"])])
+
+
+PEER_COLUMNS = ("check", "dtype", "max rel err", "tolerance", "ok", "note")
+
+
+def peer_row(x: dict) -> list[str]:
+    """One peer comparison (:mod:`parity.peer`) as display strings, in :data:`PEER_COLUMNS` order."""
+    err = "-" if x["max_rel_err"] is None else f"{x['max_rel_err']:.2e}"
+    tol = "-" if x["tolerance"] is None else f"{x['tolerance']:.0e}"
+    ok = {True: "yes", False: "NO", None: "skipped"}[x["ok"]]
+    return [x["check"], x["dtype"], err, tol, ok, x["note"]]
+
+
 CROSS_COLUMNS = ("dtype", "schedule", "rel err loss", "rel err grads", "tolerance", "ok")
 
 
@@ -124,12 +145,20 @@ def print_tables(report: dict, console: Console | None = None) -> None:
         if not console.is_terminal:  # pipes and CI logs: do not squeeze the table into 80 columns
             console = Console(width=220)
     t = Table(title=f"parity: {report['model']} ({report['suite']} suite)", show_lines=False)
-    for col in CASE_COLUMNS:
+    columns, rows = case_table(report)
+    for col in columns:
         t.add_column(col, justify="right" if col not in ("framework", "mode", "dtype", "schedule", "status") else "left")
-    for c in report["cases"]:
+    for c, row in zip(report["cases"], rows):
         style = {"pass": None, "fail": "red", "error": "bold red"}.get(c["status"])
-        t.add_row(*case_row(c), style=style)
+        t.add_row(*row, style=style)
     console.print(t)
+    if report.get("peer"):
+        p = Table(title="Hidden states against a peer (same weights and tokens, dropout off)")
+        for col in PEER_COLUMNS:
+            p.add_column(col)
+        for row in report["peer"]:
+            p.add_row(*peer_row(row), style="red" if row["ok"] is False else None)
+        console.print(p)
     if report["cross_framework"]:
         x = Table(title="JAX vs PyTorch (same weights and tokens)")
         for col in CROSS_COLUMNS:
@@ -151,12 +180,16 @@ def _md_table(columns, rows) -> str:
 def markdown(report: dict) -> str:
     """The report as Markdown: settings, the case table, the cross-framework table, errors."""
     cfg = report.get("config") or {}
+    data = (f"{report['batch_size']} sentences ({report['batch_size'] // 2} paraphrase pairs, contrastive loss) x "
+            f"{report['seq_len']} tokens of the bundled sentence set, tokenized with the checkpoint's tokenizer.json"
+            if cfg.get("arch") == "bert" else
+            f"{report['batch_size']} x {report['seq_len']} byte tokens of the bundled public-domain corpus")
     parts = [
         f"# Parity report: {report['model']} ({report['suite']} suite)",
         "",
         f"Model: {cfg.get('n_layer')} layers, d_model {cfg.get('d_model')}, {cfg.get('n_head')} heads, "
-        f"d_ff {cfg.get('d_ff')}; batch {report['batch_size']} x {report['seq_len']} byte tokens of the bundled "
-        f"public-domain corpus; AdamW {report['hparams']['steps']} steps; seed {report['seed']}.",
+        f"d_ff {cfg.get('d_ff')}; batch {data}; AdamW {report['hparams']['steps']} steps "
+        f"(lr {report['hparams']['learning_rate']:g}); seed {report['seed']}.",
         "",
         "Each case compares one schedule with `none` in the same framework and mode, byte for byte "
         "(the `none` row compares two runs of itself). `saved` = activation bytes kept for the backward "
@@ -166,9 +199,11 @@ def markdown(report: dict) -> str:
         "report.json); `units/none` = the chain model's peak units (segments + longest segment) over "
         "`none`'s; `time/none` = median step time over `none`'s.",
         "",
-        _md_table(CASE_COLUMNS, [case_row(c) for c in report["cases"]]),
+        _md_table(*case_table(report)),
         "",
     ]
+    if report.get("peer"):
+        parts += ["## Hidden states against a peer", "", _md_table(PEER_COLUMNS, [peer_row(x) for x in report["peer"]]), ""]
     if report["cross_framework"]:
         parts += ["## JAX vs PyTorch", "", _md_table(CROSS_COLUMNS, [cross_row(x) for x in report["cross_framework"]]), ""]
         seen = {}

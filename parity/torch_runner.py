@@ -23,6 +23,16 @@ from torchref.render import model_loss
 from torchref.reverse_loop import reverse_segment_loop
 
 
+def _model_and_loss(cfg: TransformerConfig):
+    """Model class, loss and reverse loop of ``cfg``'s architecture (GPT: next-token; BERT: contrastive)."""
+    if cfg.arch == "bert":
+        from torchref.encoder import Encoder, encoder_loss
+        from torchref.encoder_reverse_loop import reverse_segment_loop as encoder_reverse_loop
+
+        return Encoder, encoder_loss, encoder_reverse_loop
+    return GPT, model_loss, reverse_segment_loop
+
+
 def _adamw(model: GPT, hparams: AdamWConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         model.parameters(), lr=hparams.learning_rate, betas=(hparams.b1, hparams.b2),
@@ -34,7 +44,7 @@ def _train_step(model: GPT, opt: torch.optim.Optimizer, tokens: torch.Tensor, sc
                 policy: Policy | None = None) -> None:
     opt.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    model_loss(model, tokens, schedule, policy=policy).backward()
+    _model_and_loss(model.cfg)[1](model, tokens, schedule, policy=policy).backward()
     opt.step()
 
 
@@ -79,11 +89,12 @@ def run_schedule(
     if not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(f"tokens must be an integer array of shape (B, T+1), got dtype {tokens.dtype}")
     tokens_t = torch.from_numpy(np.array(tokens, dtype=np.int64, order="C", copy=True))
+    Model, model_loss, reverse_segment_loop = _model_and_loss(cfg)
 
     policy = parse_policy(policy)
 
     # loss and gradients of one step
-    model = GPT.from_params(cfg, params)
+    model = Model.from_params(cfg, params)
     torch.manual_seed(seed)
     loss = model_loss(model, tokens_t, schedule, policy=policy)
     loss.backward()
@@ -92,12 +103,12 @@ def run_schedule(
 
     reverse_grads = None
     if with_reverse_loop and any(s.checkpointed for s in schedule.segments_for(cfg.n_layer)):
-        model = GPT.from_params(cfg, params)
+        model = Model.from_params(cfg, params)
         torch.manual_seed(seed)
         _, reverse_grads = reverse_segment_loop(model, tokens_t, schedule)
 
     # residuals saved by one forward pass
-    model = GPT.from_params(cfg, params)
+    model = Model.from_params(cfg, params)
     recorder = SavedActivationRecorder(exclude=[*model.parameters(), *model.buffers()])
     sac = SelectiveCheckpoint(policy)
     torch.manual_seed(seed)
@@ -106,14 +117,14 @@ def run_schedule(
     del loss
 
     # training run
-    model = GPT.from_params(cfg, params)
+    model = Model.from_params(cfg, params)
     opt = _adamw(model, hparams)
     for _ in range(hparams.steps):
         _train_step(model, opt, tokens_t, schedule, seed, policy)
     trained = model.to_params()
 
     # peak memory of one steady-state step (optimizer state already allocated), then timing
-    model = GPT.from_params(cfg, params)
+    model = Model.from_params(cfg, params)
     opt = _adamw(model, hparams)
     _train_step(model, opt, tokens_t, schedule, seed, policy)  # warm-up: allocates AdamW state
     peak = peak_step_bytes(lambda: _train_step(model, opt, tokens_t, schedule, seed, policy), model, opt)

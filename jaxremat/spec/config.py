@@ -5,15 +5,22 @@ from __future__ import annotations
 import dataclasses
 
 SUPPORTED_DTYPES = ("float32", "float64")
+ARCHS = ("gpt", "bert")
 
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """A GPT-2-style pre-LayerNorm causal decoder (Radford et al. 2019; nanoGPT's layout).
+    """A GPT-2-style pre-LayerNorm causal decoder, or a BERT-style post-LayerNorm encoder.
 
-    Each block is ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))`` with a tanh-approximated GELU
-    in the MLP. Position embeddings are learned; the output projection is tied to the token
-    embedding (``logits = ln_f(x) @ wte.T``).
+    ``arch="gpt"`` (Radford et al. 2019; nanoGPT's layout): each block is ``x + attn(ln_1(x))``
+    then ``x + mlp(ln_2(x))`` with a tanh-approximated GELU in the MLP. Position embeddings are
+    learned; the output projection is tied to the token embedding (``logits = ln_f(x) @ wte.T``).
+
+    ``arch="bert"`` (Devlin et al. 2019, arXiv:1810.04805; Hugging Face ``BertModel``): the
+    embedding is ``LayerNorm(word + token_type + position)``; each block is
+    ``x = ln_1(x + attn(x))`` then ``x = ln_2(x + mlp(x))`` with the exact (erf) GELU and
+    bidirectional attention under a padding mask; the output is the last hidden state
+    (:mod:`jaxremat.encoder`, :mod:`torchref.encoder`).
 
     Attributes:
         vocab_size: number of token ids; ids must lie in ``[0, vocab_size)``.
@@ -26,6 +33,10 @@ class TransformerConfig:
         dropout: dropout rate on embeddings, attention probabilities and residual branches,
             in ``[0, 1)``. Default 0 (deterministic).
         dtype: parameter and compute dtype, one of ``SUPPORTED_DTYPES``.
+        arch: ``"gpt"`` (default) or ``"bert"``, see above.
+        type_vocab_size: number of token-type (segment) ids of the BERT embedding (``arch="bert"``).
+        pad_token_id: id of the padding token; with ``arch="bert"`` positions holding it are
+            masked out of attention and pooling.
 
     Raises:
         ValueError: a field is out of range (message names the field and the valid range).
@@ -40,9 +51,14 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-5
     dropout: float = 0.0
     dtype: str = "float32"
+    arch: str = "gpt"
+    type_vocab_size: int = 2
+    pad_token_id: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_ff", "max_seq_len"):
+        if self.arch not in ARCHS:
+            raise ValueError(f"TransformerConfig.arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_ff", "max_seq_len", "type_vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TransformerConfig.{name} must be an integer >= 1, got {value!r}")
@@ -55,6 +71,12 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"TransformerConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if isinstance(self.pad_token_id, bool) or not isinstance(self.pad_token_id, int) or not (
+                0 <= self.pad_token_id < self.vocab_size):
+            raise ValueError(
+                f"TransformerConfig.pad_token_id must be an integer in [0, vocab_size={self.vocab_size}), "
+                f"got {self.pad_token_id!r}"
+            )
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(
                 f"TransformerConfig.dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}"

@@ -11,10 +11,17 @@ from __future__ import annotations
 import numpy as np
 
 from .config import TransformerConfig
+from .encoder_params import encoder_param_shapes
 
 
 def param_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter, in a fixed order (embeddings, stacked blocks, final norm)."""
+    """Name -> shape of every parameter, in a fixed order (embeddings, stacked blocks, final norm).
+
+    ``arch="bert"`` has its own embeddings and no final norm, and the same ``h.*`` block entries
+    (see :func:`jaxremat.spec.encoder_params.encoder_param_shapes`).
+    """
+    if cfg.arch == "bert":
+        return encoder_param_shapes(cfg)
     L, D, F, V, T = cfg.n_layer, cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.max_seq_len
     return {
         "wte": (V, D),
@@ -57,7 +64,7 @@ def init_params(cfg: TransformerConfig, seed: int = 0, perturb: bool = True) -> 
     for name, shape in param_shapes(cfg).items():
         if name.endswith("bias"):
             arr = rng.normal(0.0, 0.02, shape) if perturb else np.zeros(shape)
-        elif ".ln_" in name or name.startswith("ln_f"):
+        elif ".ln_" in name or name.startswith("ln_"):
             arr = 1.0 + rng.normal(0.0, 0.02, shape) if perturb else np.ones(shape)
         elif name.endswith("c_proj.weight"):
             arr = rng.normal(0.0, resid_std, shape)

