@@ -24,6 +24,7 @@ from jaxremat.spec.plan import RematPlan, parse_plan
 from .compare import compare_bitwise, max_rel_err, tolerance_for
 from .models import ModelPreset
 from .names_check import expected_names, measured_names
+from .predictions import attach_predictions
 from .pretrained import preset_inputs
 
 SCHEMA_VERSION = 2
@@ -271,6 +272,7 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
                         _check_kept(case, framework, cfg, suite, plan, res, ref, names_cache)
                         _fill_case(case, res, ref)
                         case["compared_with"] = "none"
+                    attach_predictions(case, framework, cfg, suite.preset.batch_size, suite.preset.seq_len, plan, res)
                     results[(framework, mode, name)] = res
                 except Exception as exc:  # recorded, and the suite goes on
                     case["status"] = "error"

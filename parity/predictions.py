@@ -1,0 +1,61 @@
+"""Predicted vs measured memory for every suite case (the per-layer model of
+:mod:`jaxremat.spec.activation_model` beside the runners' measurements).
+
+Saved bytes are compared directly (both are counts of the same tensors). Peak *activation* bytes
+are the measured step peak less what is not an activation: in JAX the compiled program's
+arguments and outputs that are parameters and their gradients (2 x parameter bytes); in PyTorch
+MemTracker's ``PARAM``, ``BUFFER``, ``GRAD`` and ``OPT`` categories (on CUDA: the increase over
+what was allocated before the step). A gap above :data:`GAP_LIMIT` is flagged.
+
+The model covers the GPT block without dropout and without a policy; other cases get None.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jaxremat.spec import activation_model as am
+from jaxremat.spec import param_shapes
+
+GAP_LIMIT = 0.10
+_NOT_ACTIVATION = ("PARAM", "BUFFER", "GRAD", "OPT")
+
+
+def _gap(predicted, measured):
+    if predicted is None or not measured:
+        return None
+    return (predicted - measured) / measured
+
+
+def measured_peak_activation(framework: str, cfg, res: dict) -> int | None:
+    """The measured step peak less parameters, gradients and optimizer state (see module docstring)."""
+    breakdown = res.get("peak_breakdown") or {}
+    if framework == "jax":
+        itemsize = 8 if cfg.dtype == "float64" else 4
+        param_bytes = sum(math.prod(s) for s in param_shapes(cfg).values()) * itemsize
+        return int(res["peak_bytes"]) - 2 * param_bytes
+    if "step_increase" in breakdown:
+        return int(breakdown["step_increase"])
+    if not breakdown:
+        return None
+    return int(res["peak_bytes"]) - sum(int(v) for k, v in breakdown.items() if k in _NOT_ACTIVATION)
+
+
+def attach_predictions(case: dict, framework: str, cfg, batch: int, seq: int, plan, res: dict) -> None:
+    """Add predicted/measured saved and peak-activation bytes, their gaps and flags to ``case``."""
+    case.update(predicted_saved_bytes=None, saved_gap=None, peak_activation_bytes=None,
+                predicted_peak_activation_bytes=None, peak_gap=None, prediction_flags=[])
+    if getattr(cfg, "arch", "gpt") != "gpt" or cfg.dropout > 0 or not plan.policy.saves_nothing:
+        return
+    try:
+        saved = am.predict_saved_bytes(framework, cfg, batch, seq, plan.schedule)
+        peak = am.predict_peak_activation_bytes(framework, cfg, batch, seq, plan.schedule)
+    except ValueError:  # a configuration the per-layer model does not cover
+        return
+    measured_peak = measured_peak_activation(framework, cfg, res)
+    case.update(predicted_saved_bytes=saved, saved_gap=_gap(saved, res["residual_bytes"]),
+                peak_activation_bytes=measured_peak, predicted_peak_activation_bytes=peak,
+                peak_gap=_gap(peak, measured_peak))
+    case["prediction_flags"] = [f"{what} predicted {g:+.0%} off the measurement" for what, g in
+                                (("saved bytes", case["saved_gap"]), ("peak activation bytes", case["peak_gap"]))
+                                if g is not None and abs(g) > GAP_LIMIT]
