@@ -20,7 +20,7 @@ REQUIRED_CROSS_KEYS = {"schedule", "dtype", "max_rel_err_loss", "max_rel_err_gra
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    rc = main(["run", "--model", "gpt-tiny", "--schedules", "every_k(2),sqrt,segments(2),every_k(2)+save_qkv_proj", "--repeats", "1",
+    rc = main(["run", "--model", "gpt-tiny", "--schedules", "every_k(2),sqrt,every_k(2)+save_qkv_proj", "--repeats", "1",
                "--no-progress", "--out", str(out)])
     return rc, out
 
@@ -31,7 +31,7 @@ def test_cli_run_writes_valid_report(tiny_report):
     assert report["schema"] == SCHEMA_VERSION and report["complete"] is True
     cases = report["cases"]
     assert {(c["framework"], c["mode"]) for c in cases} == {("jax", "jit"), ("jax", "eager"), ("torch", "eager")}
-    assert {c["schedule"] for c in cases} == {"none", "every_k(2)", "sqrt", "segments(2)", "every_k(2)+save_qkv_proj"}
+    assert {c["schedule"] for c in cases} == {"none", "every_k(2)", "sqrt", "every_k(2)+save_qkv_proj"}
     for c in cases:
         assert REQUIRED_CASE_KEYS <= set(c), c
         assert c["status"] == "pass", c
