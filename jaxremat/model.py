@@ -32,7 +32,7 @@ from .spec.params import BLOCK_PARAM_NAMES, check_params
 from .spec.schedules import Schedule, none
 
 __all__ = [
-    "GPT", "block_forward", "cross_entropy", "embed", "forward", "head", "layer_norm",
+    "GPT", "block_forward", "compute_cast", "cross_entropy", "embed", "forward", "head", "layer_norm",
     "layer_dropout_keys", "loss_fn", "block_params_of",
 ]
 
@@ -67,6 +67,20 @@ def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
+def compute_cast(tree, cfg: TransformerConfig):
+    """Cast the float leaves of ``tree`` to ``cfg.compute_dtype`` (unchanged when it is None).
+
+    Mixed precision as Flax modules do it with ``dtype`` (computation) and ``param_dtype``
+    (storage): parameters stay in ``cfg.dtype`` and are cast where they are used, so gradients
+    come back in ``cfg.dtype`` through the cast's transpose. The cast sits inside the embedding,
+    each block and the head, so a recomputed block casts again, in the same precision.
+    """
+    if cfg.compute_dtype is None:
+        return tree
+    dt = jnp.dtype(cfg.compute_dtype)
+    return jax.tree_util.tree_map(lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
 def layer_dropout_keys(dropout_key: jax.Array | None, n_layer: int):
     """Split one dropout key into ``(embed_key, layer_keys)``; layer_keys has shape (N,).
 
@@ -89,10 +103,11 @@ def embed(params: dict, idx: jax.Array, cfg: TransformerConfig, *, dropout_key=N
         dropout_key: optional PRNG key; dropout at ``cfg.dropout`` only when given.
 
     Returns:
-        x: (B, T, D) in ``cfg.dtype``.
+        x: (B, T, D) in ``cfg.dtype`` (``cfg.compute_dtype`` when set).
     """
     T = idx.shape[-1]
-    x = params["wte"][idx] + params["wpe"][:T]
+    wte, wpe = compute_cast((params["wte"], params["wpe"]), cfg)
+    x = wte[idx] + wpe[:T]
     return _dropout(x, cfg.dropout, dropout_key)
 
 
@@ -108,13 +123,14 @@ def block_forward(block_params: dict, x: jax.Array, cfg: TransformerConfig, *, d
             residual branch, MLP residual branch).
 
     Returns:
-        (B, T, D), same dtype as ``x``.
+        (B, T, D), same dtype as ``x`` (``cfg.compute_dtype`` when set: parameters and ``x`` are
+        cast to it first).
 
     Every activation of :data:`jaxremat.spec.names.ACTIVATION_NAMES` is tagged with
     ``jax.ad_checkpoint.checkpoint_name`` (an identity), so name-based ``jax.checkpoint``
     policies (:func:`jaxremat.policies.to_jax_policy`) can keep it.
     """
-    p = block_params
+    p, x = compute_cast((block_params, x), cfg)
     B, T, D = x.shape
     H, hd = cfg.n_head, cfg.head_dim
     keys = (None,) * 3 if dropout_key is None else tuple(jax.random.split(dropout_key, 3))
@@ -148,10 +164,12 @@ def head(params: dict, x: jax.Array, cfg: TransformerConfig) -> jax.Array:
         x: (B, T, D).
 
     Returns:
-        logits: (B, T, V).
+        logits: (B, T, V) in ``cfg.dtype``; with ``cfg.compute_dtype`` set they are computed in it
+        and cast back to ``cfg.dtype`` for the loss (as mixed-precision Flax models do).
     """
-    h = layer_norm(x, params["ln_f.weight"], params["ln_f.bias"], cfg.layer_norm_eps)
-    return h @ params["wte"].T
+    ln_w, ln_b, wte, x = compute_cast((params["ln_f.weight"], params["ln_f.bias"], params["wte"], x), cfg)
+    logits = layer_norm(x, ln_w, ln_b, cfg.layer_norm_eps) @ wte.T
+    return logits if cfg.compute_dtype is None else logits.astype(cfg.dtype)
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:

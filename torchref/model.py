@@ -14,6 +14,7 @@ F ``d_ff``, V ``vocab_size``, N ``n_layer``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -29,6 +30,21 @@ from .names import activation
 def torch_dtype(cfg: TransformerConfig) -> torch.dtype:
     """The torch dtype of ``cfg.dtype`` (``torch.float32`` or ``torch.float64``)."""
     return getattr(torch, cfg.dtype)
+
+
+def compute_context(cfg: TransformerConfig):
+    """The precision context of a forward pass: ``torch.autocast("cpu", dtype=torch.bfloat16)``
+    when ``cfg.compute_dtype == "bfloat16"``, else a no-op context.
+
+    Under CPU autocast the matmuls (``addmm``, ``bmm``, ``matmul``) run in bfloat16 and ops fed
+    bfloat16 tensors (softmax, GELU, LayerNorm of a bfloat16 input) stay in it; float32
+    parameters stay float32 and the residual stream, ``float32 + bfloat16``, is float32
+    (PyTorch docs, "Automatic Mixed Precision", CPU op reference). Non-reentrant checkpoint
+    records the autocast state of the forward and recomputes under the same state.
+    """
+    if cfg.compute_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=getattr(torch, cfg.compute_dtype))
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:

@@ -11,6 +11,11 @@ counts in ``tests/torchref/test_render.py`` check that the two agree.
 The non-reentrant variant is used everywhere: the reentrant one silently drops gradients for inputs
 that do not require grad, for kwargs and for ``backward(inputs=...)`` (PyTorch docs,
 ``torch.utils.checkpoint``). Source: Chen et al. 2016, arXiv:1604.06174.
+
+State updated in the forward pass (BatchNorm running statistics, counters) is updated once per
+step, as without remat: every checkpointed function is wrapped by
+:class:`torchref.forward_state.ForwardState`, whose recomputes run on the pre-forward buffers
+and leave the module state as the forward pass left it (plain ``checkpoint`` updates it twice).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential, set_checkp
 from jaxremat.spec import Schedule, Segments, Sqrt
 from jaxremat.spec.policies import Policy
 
-from .model import GPT, lm_loss, split_tokens
+from .forward_state import ForwardState
+from .model import GPT, compute_context, lm_loss, split_tokens, torch_dtype
 from .policies import SelectiveCheckpoint
 
 CheckpointInputHook = Callable[[torch.Tensor], None]
@@ -43,12 +49,13 @@ def _run_segment(blocks: Sequence[nn.Module]) -> Callable[[torch.Tensor], torch.
 
 def _forward_checkpoint_sequential(
     blocks: list[nn.Module], x: torch.Tensor, n_segments: int, starts: set[int],
-    on_checkpoint_input: Optional[CheckpointInputHook],
+    on_checkpoint_input: Optional[CheckpointInputHook], checkpointed: set[int] = frozenset(),
 ) -> torch.Tensor:
     """``checkpoint_sequential`` over ``blocks``, reporting each checkpointed segment's input once.
 
     The block that opens a checkpointed segment is wrapped so that it reports its input during this
-    forward call only (not again when the segment is recomputed in the backward pass).
+    forward call only (not again when the segment is recomputed in the backward pass). Blocks in
+    ``checkpointed`` are wrapped by :class:`ForwardState` (buffers updated once per step).
     """
     active = True
 
@@ -60,7 +67,9 @@ def _forward_checkpoint_sequential(
 
         return run
 
-    functions = [reporting(b) if i in starts else b for i, b in enumerate(blocks)]
+    # Blocks of checkpointed segments run once in the forward pass and again in the recompute.
+    stateful = [ForwardState([b]).wrap(b) if i in checkpointed else b for i, b in enumerate(blocks)]
+    functions = [reporting(f) if i in starts else f for i, f in enumerate(stateful)]
     try:
         return checkpoint_sequential(functions, n_segments, x, use_reentrant=False, preserve_rng_state=True)
     finally:
@@ -74,12 +83,16 @@ def _as_selective(policy) -> Optional[SelectiveCheckpoint]:
 
 
 def _checkpointed(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-                  sac: Optional[SelectiveCheckpoint]) -> torch.Tensor:
-    """``run(x)`` under non-reentrant checkpoint, selective when the policy keeps anything."""
+                  sac: Optional[SelectiveCheckpoint], modules: Sequence[nn.Module] = ()) -> torch.Tensor:
+    """``run(x)`` under non-reentrant checkpoint, selective when the policy keeps anything.
+
+    ``modules`` are the segment's modules, whose buffers the recompute must not update again
+    (:class:`torchref.forward_state.ForwardState`).
+    """
     if sac is not None and not sac.checkpoints:  # save_everything: keep what autograd keeps
         return run(x)
     kwargs = {"context_fn": sac.context_fn} if sac is not None and sac.selective else {}
-    return checkpoint(run, x, use_reentrant=False, preserve_rng_state=True, **kwargs)
+    return checkpoint(ForwardState(modules).wrap(run), x, use_reentrant=False, preserve_rng_state=True, **kwargs)
 
 
 def forward_blocks(
@@ -116,7 +129,8 @@ def forward_blocks(
     plain_policy = sac is None or (sac.checkpoints and not sac.selective)
     if isinstance(schedule, (Segments, Sqrt)) and plain_policy:
         starts = {s.start for s in segs if s.checkpointed}
-        return _forward_checkpoint_sequential(blocks, x, len(segs), starts, on_checkpoint_input)
+        inside = {i for s in segs if s.checkpointed for i in range(s.start, s.stop)}
+        return _forward_checkpoint_sequential(blocks, x, len(segs), starts, on_checkpoint_input, inside)
     for seg in segs:
         run = _run_segment(blocks[seg.start:seg.stop])
         if not seg.checkpointed:
@@ -125,12 +139,13 @@ def forward_blocks(
         if on_checkpoint_input is not None:
             on_checkpoint_input(x)
         if seg.inner is None:
-            x = _checkpointed(run, x, sac)
+            x = _checkpointed(run, x, sac, blocks[seg.start:seg.stop])
         else:
             # Early stop would end the outer recompute once the last inner boundary exists, so the
             # last inner segment would be rebuilt from the outer forward's graph, without the policy.
             with set_checkpoint_early_stop(False):
-                x = checkpoint(_nested_segment(blocks[seg.start:seg.stop], seg.inner, sac), x,
+                body = _nested_segment(blocks[seg.start:seg.stop], seg.inner, sac)
+                x = checkpoint(ForwardState(blocks[seg.start:seg.stop]).wrap(body), x,
                                use_reentrant=False, preserve_rng_state=True)
     return x
 
@@ -162,7 +177,10 @@ def model_loss(
 ) -> torch.Tensor:
     """Mean next-token cross-entropy of ``model`` with its blocks run under ``schedule``.
 
-    ``embed`` and ``head`` (with the loss) run plainly, as the blocks' surroundings.
+    ``embed`` and ``head`` (with the loss) run plainly, as the blocks' surroundings. With
+    ``model.cfg.compute_dtype`` set, embedding, blocks and head run under
+    :func:`torchref.model.compute_context` (``torch.autocast``) and the logits are cast back to
+    the parameter dtype before the loss, as :func:`jaxremat.model.head` does.
 
     Args:
         model: the transformer.
@@ -179,6 +197,8 @@ def model_loss(
             ``n_layer``.
     """
     inputs, targets = split_tokens(tokens)
-    x = model.embed(inputs)
-    x = forward_blocks(model.blocks, x, schedule, policy=policy, on_checkpoint_input=on_checkpoint_input)
-    return lm_loss(model.head(x), targets)
+    with compute_context(model.cfg):
+        x = model.embed(inputs)
+        x = forward_blocks(model.blocks, x, schedule, policy=policy, on_checkpoint_input=on_checkpoint_input)
+        logits = model.head(x)
+    return lm_loss(logits.to(torch_dtype(model.cfg)), targets)

@@ -29,7 +29,7 @@ import torch
 
 from jaxremat.spec import Schedule
 
-from .model import GPT, lm_loss, split_tokens
+from .model import GPT, compute_context, lm_loss, split_tokens, torch_dtype
 from .render import _run_segment
 
 
@@ -59,25 +59,30 @@ def reverse_segment_loop(
     segs = schedule.segments_for(len(blocks))
 
     # 1. forward: keep boundaries (+ RNG state) of checkpointed segments, graphs of the others.
-    x0 = model.embed(inputs)  # embedding graph kept, as in the library
+    precision = lambda: compute_context(model.cfg)  # noqa: E731 -- the forward's autocast state, every time
+    with precision():
+        x0 = model.embed(inputs)  # embedding graph kept, as in the library
     boundary = x0.detach()
     saved: list[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = []
     for seg in segs:
         run = _run_segment(blocks[seg.start:seg.stop])
         if seg.checkpointed:
             rng_state = torch.get_rng_state()
-            with torch.no_grad():
+            with torch.no_grad(), precision():
                 out = run(boundary)
             saved.append((boundary, rng_state, None))
         else:
             start = boundary.requires_grad_()
-            out = run(start)
+            with precision():
+                out = run(start)
             saved.append((start, None, out))
         boundary = out.detach()
 
     # 2. head from the last boundary.
     last = boundary.requires_grad_()
-    loss = lm_loss(model.head(last), targets)
+    with precision():
+        logits = model.head(last)
+    loss = lm_loss(logits.to(torch_dtype(model.cfg)), targets)
     loss.backward()
     grad_out = last.grad
 
@@ -85,7 +90,7 @@ def reverse_segment_loop(
     for seg, (start, rng_state, kept_out) in zip(reversed(segs), reversed(saved)):
         if kept_out is None:
             start = start.detach().requires_grad_()
-            with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            with torch.random.fork_rng(devices=[]), torch.enable_grad(), precision():
                 torch.set_rng_state(rng_state)
                 kept_out = _run_segment(blocks[seg.start:seg.stop])(start)
         kept_out.backward(grad_out)

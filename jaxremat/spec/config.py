@@ -6,6 +6,8 @@ import dataclasses
 
 SUPPORTED_DTYPES = ("float32", "float64")
 ARCHS = ("gpt", "bert")
+COMPUTE_DTYPES = ("bfloat16",)
+"""Lower-precision compute dtypes a float32 model may run in (mixed precision)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +34,14 @@ class TransformerConfig:
         layer_norm_eps: epsilon added to the variance in every LayerNorm.
         dropout: dropout rate on embeddings, attention probabilities and residual branches,
             in ``[0, 1)``. Default 0 (deterministic).
-        dtype: parameter and compute dtype, one of ``SUPPORTED_DTYPES``.
+        dtype: parameter dtype (and compute dtype unless ``compute_dtype`` is set), one of
+            ``SUPPORTED_DTYPES``.
+        compute_dtype: None (compute in ``dtype``) or one of ``COMPUTE_DTYPES`` for mixed
+            precision: parameters stay in ``dtype`` (float32), the forward pass computes in
+            ``compute_dtype``. JAX casts parameters and activations inside the embedding, each
+            block and the head, as Flax modules do with ``dtype``/``param_dtype``; PyTorch runs
+            the forward pass under ``torch.autocast("cpu", dtype=torch.bfloat16)``. The loss is
+            computed from logits in ``dtype`` and gradients come out in ``dtype``.
         arch: ``"gpt"`` (default) or ``"bert"``, see above.
         type_vocab_size: number of token-type (segment) ids of the BERT embedding (``arch="bert"``).
         pad_token_id: id of the padding token; with ``arch="bert"`` positions holding it are
@@ -54,6 +63,7 @@ class TransformerConfig:
     arch: str = "gpt"
     type_vocab_size: int = 2
     pad_token_id: int = 0
+    compute_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -81,6 +91,22 @@ class TransformerConfig:
             raise ValueError(
                 f"TransformerConfig.dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}"
             )
+
+        if self.compute_dtype is not None:
+            if self.compute_dtype not in COMPUTE_DTYPES:
+                raise ValueError(
+                    f"TransformerConfig.compute_dtype must be None or one of {', '.join(COMPUTE_DTYPES)}, "
+                    f"got {self.compute_dtype!r}"
+                )
+            if self.arch != "gpt":
+                raise ValueError(
+                    f"TransformerConfig.compute_dtype is implemented for arch='gpt' only, got arch={self.arch!r}"
+                )
+            if self.dtype != "float32":
+                raise ValueError(
+                    f"TransformerConfig.compute_dtype={self.compute_dtype!r} needs float32 parameters "
+                    f"(dtype='float32'), got dtype={self.dtype!r}"
+                )
 
     @property
     def head_dim(self) -> int:
