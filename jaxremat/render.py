@@ -144,13 +144,15 @@ def remat_scan(
     *,
     xs: Any = None,
     policy: Any = None,
+    with_outputs: bool = False,
 ) -> Any:
     """Run ``carry = block_fn(params[i], carry, xs[i])`` for i = 0..N-1 under a remat schedule.
 
     Args:
         block_fn: ``(layer_params, carry, layer_xs) -> carry`` for one layer; ``layer_params``
             and ``layer_xs`` are the i-th slices (leading axis removed). Must return a carry of
-            the same structure, shapes and dtypes.
+            the same structure, shapes and dtypes. With ``with_outputs=True`` it returns
+            ``(carry, y)``, ``y`` a per-layer output (e.g. the layer's updated running statistics).
         stacked_params: pytree of arrays with a common leading layer axis N.
         carry: pytree threaded through the layers (e.g. the (B, T, D) residual stream).
         schedule: a :mod:`jaxremat.spec.schedules` value, resolved with ``segments_for(N)``.
@@ -161,9 +163,14 @@ def remat_scan(
             :func:`jaxremat.policies.to_jax_policy`), a raw ``jax.checkpoint`` policy, or None
             (keep nothing). For nested schedules it applies to the inner segments; an outer
             segment keeps only its input.
+        with_outputs: if True, ``block_fn`` returns ``(carry, y)`` and the result is
+            ``(carry, ys)``, the ``y`` of every layer stacked on a leading axis N in layer order
+            (as ``lax.scan``'s ``ys``). Each layer's ``y`` comes out once, from the forward pass:
+            a recompute in the backward pass produces values, not outputs, so state carried out
+            this way (Flax ``batch_stats``) is updated once per step under every schedule.
 
     Returns:
-        The carry after the N layers.
+        The carry after the N layers; ``(carry, ys)`` with ``with_outputs=True``.
 
     Raises:
         ValueError: leaves of ``stacked_params``/``xs`` disagree on N, or the schedule is
@@ -179,24 +186,34 @@ def remat_scan(
 
     def layer_step(c, layer):
         layer_params, layer_xs = layer
-        return block_fn(layer_params, c, layer_xs), None
+        out = block_fn(layer_params, c, layer_xs)
+        return out if with_outputs else (out, None)
 
     def run_segment(c, seg_params, seg_xs):
-        return lax.scan(layer_step, c, (seg_params, seg_xs))[0]
+        return lax.scan(layer_step, c, (seg_params, seg_xs))  # (carry, ys of the k layers)
 
     def segment_step_for(g: ScanGroup):
         if g.inner is None:
             body = jax.checkpoint(run_segment, policy=jax_policy, prevent_cse=False)
         else:  # nested: the outer segment keeps its input only; its recompute runs the inner schedule
             def run_inner(c, seg_params, seg_xs):
-                return remat_scan(block_fn, seg_params, c, g.inner, xs=seg_xs, policy=jax_policy)
+                out = remat_scan(block_fn, seg_params, c, g.inner, xs=seg_xs, policy=jax_policy,
+                                 with_outputs=with_outputs)
+                return out if with_outputs else (out, None)
 
             body = jax.checkpoint(run_inner, prevent_cse=False)
-        return lambda c, seg: (body(c, *seg), None)
+        return lambda c, seg: body(c, *seg)
 
+    ys_parts = []
     for g, p, x in zip(groups, param_parts, xs_parts):
         if g.checkpointed:
-            carry = lax.scan(segment_step_for(g), carry, (_segment_major(p, g), _segment_major(x, g)))[0]
+            carry, ys = lax.scan(segment_step_for(g), carry, (_segment_major(p, g), _segment_major(x, g)))
+            ys = jax.tree_util.tree_map(lambda a: a.reshape((g.n_seg * g.k,) + a.shape[2:]), ys)
         else:
-            carry = run_segment(carry, p, x)
-    return carry
+            carry, ys = run_segment(carry, p, x)
+        ys_parts.append(ys)
+    if not with_outputs:
+        return carry
+    if len(ys_parts) == 1:
+        return carry, ys_parts[0]
+    return carry, jax.tree_util.tree_map(lambda *a: jax.numpy.concatenate(a, axis=0), *ys_parts)

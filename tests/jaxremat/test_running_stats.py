@@ -1,0 +1,85 @@
+"""State updated in the forward pass under remat in JAX: a user-style Flax BatchNorm block whose
+``batch_stats`` collection and step counter come out of ``remat_scan`` once per step."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxremat.render import remat_scan
+from jaxremat.spec import parse_schedule
+
+D, N, STEPS = 8, 4, 3
+SCHEDULES = ("none", "full", "every_k(2)", "every_k(3)", "sqrt", "segments(2)", "nested(sqrt,sqrt)")
+BN = nn.BatchNorm(use_running_average=False, momentum=0.9, epsilon=1e-5)
+
+
+def block_fn(layer, x, stats):
+    """``x + W2 gelu(W1 bn(x)) * (1 + 0.01 * count)``; returns (x, updated stats)."""
+    B, T, _ = x.shape
+    h, upd = BN.apply({"params": layer["bn"], "batch_stats": stats["batch_stats"]}, x.reshape(B * T, D),
+                      mutable=["batch_stats"])
+    m = jax.nn.gelu(h.reshape(B, T, D) @ layer["w1"] + layer["b1"]) @ layer["w2"] + layer["b2"]
+    return x + m * (1.0 + 0.01 * stats["count"]), {"batch_stats": upd["batch_stats"], "count": stats["count"] + 1}
+
+
+def init():
+    rng = np.random.default_rng(0)
+    f = lambda *s: jnp.asarray(rng.normal(0, 0.3, s), jnp.float32)  # noqa: E731
+    params = {"bn": {"scale": 1 + f(N, D), "bias": f(N, D)}, "w1": f(N, D, 2 * D), "b1": f(N, 2 * D),
+              "w2": f(N, 2 * D, D), "b2": f(N, D)}
+    stats = {"batch_stats": {"mean": jnp.zeros((N, D)), "var": jnp.ones((N, D))}, "count": jnp.zeros((N,))}
+    return params, stats
+
+
+def loss(params, stats, x, schedule):
+    y, new_stats = remat_scan(block_fn, params, x, schedule, xs=stats, with_outputs=True)
+    return jnp.mean(jnp.square(y)), new_stats
+
+
+def train(schedule_name, jit):
+    schedule = parse_schedule(schedule_name)
+    grad = jax.grad(loss, has_aux=True)
+    if jit:
+        grad = jax.jit(grad, static_argnums=3)
+    params, stats = init()
+    xs = jnp.asarray(np.random.default_rng(1).normal(size=(STEPS, 2, 5, D)), jnp.float32)
+    grads = []
+    for i in range(STEPS):
+        g, stats = grad(params, stats, xs[i], schedule)
+        params = jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
+        grads.append(g)
+    return jax.tree_util.tree_map(np.asarray, (params, stats, grads))
+
+
+def _leaves_bitwise(a, b, bits):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    return len(la) == len(lb) and all(bits.equal(x, y) for x, y in zip(la, lb))
+
+
+@pytest.mark.parametrize("name", SCHEDULES[1:])
+def test_batch_stats_and_counter_once_per_step_op_by_op(name, bits):
+    with jax.disable_jit():
+        ref = train("none", jit=False)
+        got = train(name, jit=False)
+    params, stats, grads = got
+    assert np.array_equal(stats["count"], np.full(N, STEPS, np.float32))
+    assert _leaves_bitwise(stats, ref[1], bits), name
+    assert _leaves_bitwise(grads, ref[2], bits) and _leaves_bitwise(params, ref[0], bits), name
+
+
+@pytest.mark.parametrize("name", ("every_k(2)", "sqrt", "nested(sqrt,sqrt)"))
+def test_batch_stats_once_per_step_under_jit(name, bits):
+    ref, got = train("none", jit=True), train(name, jit=True)
+    assert np.array_equal(got[1]["count"], np.full(N, STEPS, np.float32))
+    assert _leaves_bitwise(got[1], ref[1], bits), name
+
+
+def test_with_outputs_stacks_layer_outputs_in_layer_order():
+    ws = jnp.arange(6.0).reshape(6, 1)
+    for name in ("none", "full", "every_k(4)", "sqrt", "segments(3)", "nested(every_k(4),every_k(2))"):
+        c, ys = remat_scan(lambda w, c, _: (c + w[0], c * 10 + w[0]), ws, jnp.float32(0), parse_schedule(name),
+                           with_outputs=True)
+        expect = np.cumsum(np.r_[0, np.arange(6.0)])[:6] * 10 + np.arange(6.0)
+        assert float(c) == 15.0 and np.array_equal(np.asarray(ys), expect.astype(np.float32)), name
