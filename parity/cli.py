@@ -16,7 +16,7 @@ from jaxremat.spec.policies import POLICY_NAMES
 
 from .models import PRESETS, get_preset
 
-SUITES = ("quick", "full")
+SUITES = ("quick", "full", "stress")
 
 
 def _split(text: str) -> tuple[str, ...]:
@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run the parity suite and write report.json / report.md into --out.")
     run.add_argument("--suite", default="quick", choices=SUITES,
                      help="which plans to run when --schedules is not given: 'quick' = the segment schedules; "
-                     "'full' = every schedule, every named policy and nested schedule, and combinations (default: quick)")
+                     "'full' = every schedule, every named policy and nested schedule, and combinations; 'stress' = bf16 mixed "
+                     "precision, frozen parameters, running statistics and dropout with a second random op, under "
+                     "every schedule kind (float32 only) (default: quick)")
     run.add_argument("--model", default="gpt-small",
                      help="model preset: " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
     run.add_argument("--schedules", default=None,
@@ -106,6 +108,11 @@ def _suite_from_args(args):
         raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.repeats is None:
         args.repeats = preset.repeats or 5
+    if args.suite == "stress" and dtypes != ("float32",):
+        raise ValueError("--suite stress runs float32 parameters (its bf16 case computes in bfloat16 from them); "
+                         "leave out --dtype")
+    if args.suite == "stress" and preset.config.arch != "gpt":
+        raise ValueError(f"--suite stress runs GPT presets; --model {preset.name} is arch {preset.config.arch!r}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     suite = SuiteConfig(name=args.suite, preset=preset, schedules=schedules, dtypes=dtypes,

@@ -102,8 +102,9 @@ def _fmt_gap(g) -> str:
 
 def case_row(c: dict) -> list[str]:
     """One report case as display strings, in :data:`CASE_COLUMNS` order."""
+    schedule = c["schedule"] if not c.get("variant") else f"{c['variant']}: {c['schedule']}"
     return [
-        c["framework"], c["mode"], c["dtype"], c["schedule"], c["status"],
+        c["framework"], c["mode"], c["dtype"], schedule, c["status"],
         _bit(c["grads_bitwise_equal"]), _bit(c["weights_bitwise_equal"]), _bit(c["reverse_loop_bitwise_equal"]),
         "-" if c["max_ulp"] is None else str(c["max_ulp"]), _bit(c.get("names_ok")),
         _fmt_bytes(c["residual_bytes"]), _fmt_ratio(c["residual_ratio"]), _fmt_gap(c.get("saved_gap")),
@@ -142,7 +143,8 @@ CROSS_COLUMNS = ("dtype", "schedule", "rel err loss", "rel err grads", "toleranc
 def cross_row(x: dict) -> list[str]:
     """One cross-framework comparison as display strings, in :data:`CROSS_COLUMNS` order."""
     f = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
-    return [x["dtype"], x["schedule"], f(x["max_rel_err_loss"]), f(x["max_rel_err_grads"]),
+    schedule = x["schedule"] if not x.get("variant") else f"{x['variant']}: {x['schedule']}"
+    return [x["dtype"], schedule, f(x["max_rel_err_loss"]), f(x["max_rel_err_grads"]),
             f"{x['tolerance']:.0e}", "yes" if x["ok"] else "NO"]
 
 
@@ -176,7 +178,7 @@ def print_tables(report: dict, console: Console | None = None) -> None:
         console.print(x)
     for c in report["cases"]:
         if c["status"] == "error":
-            console.print(f"[bold red]error[/] {c['framework']}/{c['mode']} {c['dtype']} {c['schedule']}: {c['error']}")
+            console.print(f"[bold red]error[/] {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: {c['error']}")
 
 
 def _md_table(columns, rows) -> str:
@@ -245,12 +247,12 @@ def markdown(report: dict) -> str:
                   for c in flagged] + [""]
     errors = [c for c in report["cases"] if c["status"] == "error"]
     if errors:
-        parts += ["## Errors", ""] + [f"- {c['framework']}/{c['mode']} {c['dtype']} {c['schedule']}: `{c['error']}`" for c in errors] + [""]
+        parts += ["## Errors", ""] + [f"- {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: `{c['error']}`" for c in errors] + [""]
     fails = [c for c in report["cases"] if c["status"] == "fail"]
     if fails:
         parts += ["## Failed checks", ""] + [
-            f"- {c['framework']}/{c['mode']} {c['dtype']} {c['schedule']}: max ULP {c['max_ulp']}, "
-            f"max abs diff {c['max_abs_diff']:.3e}, differing: {', '.join(c['mismatched']) or 'trained weights/reverse loop'}"
+            f"- {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: max ULP {c['max_ulp']}, "
+            f"max abs diff {(c['max_abs_diff'] or 0.0):.3e}, differing: {', '.join(c['mismatched']) or 'trained weights/reverse loop'}"
             for c in fails
         ] + [""]
     return "\n".join(parts)

@@ -40,7 +40,10 @@ FULL_PLANS = (
 """The full suite: every schedule, every named policy on per-block checkpoints, and combinations
 of segment schedules with inner policies (MaxText aliases resolve to these policies)."""
 
-SUITE_PLANS = {"quick": QUICK_PLANS, "full": FULL_PLANS}
+STRESS_PLANS = ("none", "full", "every_k(2)", "sqrt", "segments(2)", "nested(sqrt,sqrt)")
+"""The stress suite (:mod:`parity.stress`): every schedule kind, under each stress variant."""
+
+SUITE_PLANS = {"quick": QUICK_PLANS, "full": FULL_PLANS, "stress": STRESS_PLANS}
 FRAMEWORK_MODES = (("jax", "jit"), ("jax", "eager"), ("torch", "eager"))
 
 
@@ -49,7 +52,7 @@ class SuiteConfig:
     """What one suite run covers.
 
     Attributes:
-        name: suite name (``quick`` or ``full``).
+        name: suite name (``quick``, ``full`` or ``stress``; ``stress`` runs :mod:`parity.stress`).
         preset: model preset (config, batch size, sequence length).
         schedules: plans ``SCHEDULE`` or ``SCHEDULE+POLICY`` (:mod:`jaxremat.spec.plan`), ``none``
             first (it is the reference and is added if missing).
@@ -204,6 +207,10 @@ def _runs(suite: SuiteConfig, framework: str, mode: str, dropout: float) -> bool
 
 def count_cases(suite: SuiteConfig) -> int:
     """Number of cases :func:`run_suite` will run (for a progress bar)."""
+    if suite.name == "stress":
+        from .stress import case_count
+
+        return case_count(suite)
     dropouts = suite.preset.dropouts or (suite.preset.config.dropout,)
     modes = sum(_runs(suite, f, m, r) for r in dropouts for f, m in FRAMEWORK_MODES)
     return len(suite.dtypes) * modes * len(suite.schedule_objects())
@@ -223,6 +230,10 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
     Raises:
         ValueError: a schedule name or parameter is invalid (before any case runs).
     """
+    if suite.name == "stress":
+        from .stress import run_stress
+
+        return run_stress(suite, on_case=on_case, on_start=on_start, on_partial=on_partial)
     schedules = suite.schedule_objects()
     report = {"schema": SCHEMA_VERSION, "suite": suite.name, "model": suite.preset.name,
               "config": None, "batch_size": suite.preset.batch_size, "seq_len": suite.preset.seq_len,
