@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from jaxremat.memory import compiled_stats, device_peak_bytes, gpu_available, saved_residuals
-from jaxremat.model import loss_fn
+from jaxremat.model import _check_tokens, loss_fn
 from jaxremat.reverse_loop import reverse_loop_value_and_grad
 from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig, check_params, param_shapes
 from jaxremat.spec.policies import POLICIES, Policy, parse_policy
@@ -184,6 +184,7 @@ def run_schedule(
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(f"tokens must be an integer array of shape (B, T+1), got {tokens.dtype} {tokens.shape}")
+    _check_tokens(tokens, cfg, extra=1)  # ids and length checked here: under jit they are traced
     x64 = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
     with x64:
         return _run(cfg, params, tokens, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,

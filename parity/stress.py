@@ -40,14 +40,14 @@ VARIANTS = ("bf16", "frozen", "running_stats", *(f"dropout({p})+noise" for p in 
 CROSS_VARIANTS = {"bf16": "bfloat16", "frozen": "float32", "running_stats": "float32"}
 
 
-def _user_stack(variant: str, seed: int) -> UserStack:
+def _user_stack(variant: str, base: UserStack) -> UserStack:
     if variant == "running_stats":
-        return UserStack(running_stats=True, seed=seed)
+        return dataclasses.replace(base, running_stats=True)
     p = float(variant[len("dropout("):variant.index(")")])
-    return UserStack(dropout=p, noise=NOISE, seed=seed)
+    return dataclasses.replace(base, dropout=p, noise=NOISE)
 
 
-def _run(variant, framework, mode, plan, suite, cfg, params, tokens) -> dict:
+def _run(variant, framework, mode, plan, suite, cfg, params, tokens, base: UserStack) -> dict:
     """One run of ``variant``: dict with loss, grads, trained (and state / extra checks)."""
     from .suite import _run_framework
 
@@ -63,7 +63,7 @@ def _run(variant, framework, mode, plan, suite, cfg, params, tokens) -> dict:
         return stress_frozen.run_torch(cfg, params, tokens, plan.schedule, hparams=suite.hparams)
     from . import stress_user
 
-    stack = _user_stack(variant, suite.seed)
+    stack = _user_stack(variant, base)
     if framework == "jax":
         return stress_user.run_jax(stack, plan.schedule, jit=mode == "jit")
     return stress_user.run_torch(stack, plan.schedule)
@@ -79,7 +79,7 @@ def _bitwise(case: dict, what: str, a: dict, b: dict) -> bool:
     return r.equal
 
 
-def _fill(case: dict, variant: str, cfg, params, res: dict, ref: dict) -> None:
+def _fill(case: dict, variant: str, cfg, params, res: dict, ref: dict, steps: int) -> None:
     """Every check of one variant's case; ``status`` is pass when all hold."""
     from .stress_frozen import frozen_entries, split_trainable
     from .suite import _fill_case
@@ -106,7 +106,6 @@ def _fill(case: dict, variant: str, cfg, params, res: dict, ref: dict) -> None:
     checks.append(_bitwise(case, "weights", res["trained"], ref["trained"]))
     if res.get("state"):
         checks.append(_bitwise(case, "state", res["state"], ref["state"]))
-        steps = UserStack().steps
         counts = [res["state"][k] for k in ("count", "num_batches_tracked") if k in res["state"]]
         case["state_counts"] = sorted({int(c) for arr in counts for c in np.ravel(arr)})
         case["state_counted_once"] = case["state_counts"] == [steps]
@@ -143,23 +142,29 @@ def case_count(suite) -> int:
 
 
 def run_stress(suite, on_case: Callable | None = None, on_start: Callable | None = None,
-               on_partial: Callable | None = None, variants: tuple[str, ...] = VARIANTS) -> dict:
+               on_partial: Callable | None = None, variants: tuple[str, ...] = VARIANTS,
+               user_stack: UserStack | None = None) -> dict:
     """Run the stress variants; the report has the layout of :func:`parity.suite.run_suite`'s,
-    each case and cross row naming its ``variant``. A case that raises is recorded as ``error``."""
+    each case and cross row naming its ``variant``. A case that raises is recorded as ``error``.
+
+    ``user_stack`` sets the shape of the user-style stack (default :class:`UserStack` with the
+    suite's seed); the GPT variants use ``suite.preset``.
+    """
     from .suite import FRAMEWORK_MODES, SCHEMA_VERSION, _base_case
 
     schedules = suite.schedule_objects()
+    base = user_stack or UserStack(seed=suite.seed)
     cfg = suite.preset.config.replace(dtype="float32")
     params = init_params(cfg, seed=suite.seed)
     tokens = token_batch(suite.preset.batch_size, suite.preset.seq_len, seed=suite.seed)
     report = {"schema": SCHEMA_VERSION, "suite": suite.name, "model": suite.preset.name,
               "config": dataclasses.asdict(cfg), "batch_size": suite.preset.batch_size,
               "seq_len": suite.preset.seq_len, "hparams": dataclasses.asdict(suite.hparams), "seed": suite.seed,
-              "user_stack": dataclasses.asdict(UserStack(seed=suite.seed)), "variants": list(variants),
+              "user_stack": dataclasses.asdict(base), "variants": list(variants),
               "cases": [], "cross_framework": []}
     for variant in variants:
         gpt = variant in ("bf16", "frozen")
-        case_cfg = cfg if gpt else TransformerConfig(n_layer=UserStack().n_layer)
+        case_cfg = cfg if gpt else TransformerConfig(n_layer=base.n_layer)
         results = {}
         for framework, mode in FRAMEWORK_MODES:
             if framework not in suite.frameworks:
@@ -172,17 +177,18 @@ def run_stress(suite, on_case: Callable | None = None, on_start: Callable | None
                     on_start(f"{variant} {framework}/{mode} {name}")
                 t0 = time.perf_counter()
                 try:
-                    res = _run(variant, framework, mode, plan, suite, cfg, params, tokens)
+                    res = _run(variant, framework, mode, plan, suite, cfg, params, tokens, base)
                     if name == "none":
                         ref = res
                         again = _run(variant, framework, mode, plan, dataclasses.replace(suite, timing_repeats=1),
-                                     cfg, params, tokens)
-                        _fill(case, variant, cfg, params, {**again, "step_time_s": res.get("step_time_s")}, ref)
+                                     cfg, params, tokens, base)
+                        _fill(case, variant, cfg, params, {**again, "step_time_s": res.get("step_time_s")}, ref,
+                              base.steps)
                         case["compared_with"] = "a second run of none (run-to-run determinism)"
                     elif ref is None:
                         raise RuntimeError("the no-remat reference case failed; nothing to compare against")
                     else:
-                        _fill(case, variant, cfg, params, res, ref)
+                        _fill(case, variant, cfg, params, res, ref, base.steps)
                         case["compared_with"] = "none"
                     results[(framework, mode, name)] = res
                 except Exception as exc:  # recorded, and the suite goes on

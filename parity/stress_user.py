@@ -21,6 +21,7 @@ weights, and the state after training (running statistics and counters).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -73,6 +74,33 @@ class UserStack:
 # --------------------------------------------------------------------------------------------- JAX
 def run_jax(stack: UserStack, schedule: Schedule, *, jit: bool) -> dict:
     """Train the stack in JAX under ``schedule`` (``jit`` or op by op); see the module docstring."""
+    import jax
+    import jax.numpy as jnp
+
+    grad_fn, sgd = _jax_programs(stack, schedule, jit)
+    N, D = stack.n_layer, stack.d_model
+    params = {k: jnp.asarray(v) for k, v in stack.params().items()}
+    stats = {"batch_stats": {"mean": jnp.zeros((N, D)), "var": jnp.ones((N, D))}, "count": jnp.zeros((N,))} \
+        if stack.running_stats else None
+    base_key = jax.random.key(stack.seed) if stack.random else None
+    out = {}
+    with (jax.disable_jit() if not jit else _null()):
+        for i, x in enumerate(stack.batches()):
+            key = jax.random.fold_in(base_key, i) if base_key is not None else None
+            (loss_val, stats), grads = grad_fn(params, stats, jnp.asarray(x), key)
+            if i == 0:
+                out["loss"], out["grads"] = np.asarray(loss_val), {k: np.asarray(v) for k, v in grads.items()}
+            params = sgd(params, grads)
+    out["trained"] = {k: np.asarray(v) for k, v in params.items()}
+    out["state"] = {} if stats is None else {
+        "running_mean": np.asarray(stats["batch_stats"]["mean"]), "running_var": np.asarray(stats["batch_stats"]["var"]),
+        "count": np.asarray(stats["count"])}
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _jax_programs(stack: UserStack, schedule: Schedule, jit: bool):
+    """``(value_and_grad, sgd)`` of the stack, built (and jitted) once per key."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -109,26 +137,7 @@ def run_jax(stack: UserStack, schedule: Schedule, *, jit: bool) -> dict:
 
     grad_fn = jax.value_and_grad(loss, has_aux=True)
     sgd = lambda p, g: jax.tree_util.tree_map(lambda a, b: a - stack.lr * b, p, g)  # noqa: E731
-    if jit:
-        grad_fn, sgd = jax.jit(grad_fn), jax.jit(sgd)
-    params = {k: jnp.asarray(v) for k, v in stack.params().items()}
-    stats = {"batch_stats": {"mean": jnp.zeros((N, D)), "var": jnp.ones((N, D))}, "count": jnp.zeros((N,))} \
-        if stack.running_stats else None
-    base_key = jax.random.key(stack.seed) if stack.random else None
-    out = {}
-    run_ctx = jax.disable_jit() if not jit else _null()
-    with run_ctx:
-        for i, x in enumerate(stack.batches()):
-            key = jax.random.fold_in(base_key, i) if base_key is not None else None
-            (loss_val, stats), grads = grad_fn(params, stats, jnp.asarray(x), key)
-            if i == 0:
-                out["loss"], out["grads"] = np.asarray(loss_val), {k: np.asarray(v) for k, v in grads.items()}
-            params = sgd(params, grads)
-    out["trained"] = {k: np.asarray(v) for k, v in params.items()}
-    out["state"] = {} if stats is None else {
-        "running_mean": np.asarray(stats["batch_stats"]["mean"]), "running_var": np.asarray(stats["batch_stats"]["var"]),
-        "count": np.asarray(stats["count"])}
-    return out
+    return (jax.jit(grad_fn), jax.jit(sgd)) if jit else (grad_fn, sgd)
 
 
 def _null():
