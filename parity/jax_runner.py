@@ -184,7 +184,8 @@ def run_schedule(
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(f"tokens must be an integer array of shape (B, T+1), got {tokens.dtype} {tokens.shape}")
-    _check_tokens(tokens, cfg, extra=1)  # ids and length checked here: under jit they are traced
+    if cfg.arch == "gpt":  # ids and length checked here: under jit they are traced
+        _check_tokens(tokens, cfg, extra=1)
     x64 = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
     with x64:
         return _run(cfg, params, tokens, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,

@@ -20,14 +20,14 @@ from parity.suite import SuiteConfig, report_passed, run_suite
 
 @pytest.mark.parametrize("bad", [np.nan])  # inf: tests/parity/test_compare.py
 def test_nonfinite_weights_give_failed_cases(monkeypatch, bad):
-    real = suite_mod.init_params
+    real = suite_mod.preset_inputs
 
-    def poisoned(cfg, seed=0):
-        params = real(cfg, seed=seed)
+    def poisoned(preset, dtype, seed):
+        cfg, params, tokens = real(preset, dtype, seed)
         params["h.mlp.c_fc.weight"][0, 0, 0] = bad
-        return params
+        return cfg, params, tokens
 
-    monkeypatch.setattr(suite_mod, "init_params", poisoned)
+    monkeypatch.setattr(suite_mod, "preset_inputs", poisoned)
     report = run_suite(SuiteConfig(name="quick", preset=get_preset("gpt-tiny"), schedules=("every_k(2)",),
                                    frameworks=("torch",), timing_repeats=1))
     assert [c["status"] for c in report["cases"]] == ["fail", "fail"]

@@ -15,6 +15,7 @@ def test_compute_dtype_accepts_bfloat16_and_none():
     ({"compute_dtype": "float16"}, "bfloat16"),
     ({"compute_dtype": "bf16"}, "compute_dtype"),
     ({"compute_dtype": "bfloat16", "dtype": "float64"}, "float32 parameters"),
+    ({"compute_dtype": "bfloat16", "arch": "bert"}, "arch='gpt' only"),
 ])
 def test_compute_dtype_rejects_bad_values(changes, message):
     with pytest.raises(ValueError, match=message):
