@@ -43,7 +43,7 @@ _PREFIXES = {"bert": "bert.", "gpt2": "transformer."}
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise ValueError(f"{path} not found: a Hugging Face checkpoint directory needs config.json") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON: {exc}") from None
@@ -67,6 +67,15 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> TransformerConfig:
         ValueError: an unsupported ``model_type``, activation, position embedding type, or
             different dropout rates (the message names the field and the supported values).
     """
+    if not isinstance(hf, dict):
+        raise ValueError(f"config.json must hold a JSON object, got {type(hf).__name__}")
+    try:
+        return _config_from_hf(hf, dtype)
+    except KeyError as exc:
+        raise ValueError(f"config.json: missing field {exc.args[0]!r} for model_type {hf.get('model_type')!r}") from None
+
+
+def _config_from_hf(hf: dict, dtype: str) -> TransformerConfig:
     kind = hf.get("model_type")
     if kind == "bert":
         if hf.get("hidden_act", "gelu") != "gelu":

@@ -14,6 +14,7 @@ from pathlib import Path
 from jaxremat.spec import DEFAULT_SCHEDULES, SCHEDULE_NAMES, SUPPORTED_DTYPES
 from jaxremat.spec.policies import POLICY_NAMES
 
+from .cli_util import split_list
 from .models import PRESETS, get_preset
 
 SUITES = ("quick", "full", "stress")
@@ -21,16 +22,7 @@ SUITES = ("quick", "full", "stress")
 
 def _split(text: str) -> tuple[str, ...]:
     """Split at commas outside parentheses: ``nested(sqrt,sqrt),full`` -> two items."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return tuple(p.strip() for p in parts if p.strip())
+    return split_list(text)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,8 +26,8 @@ class OutputDirError(Exception):
     """The output directory cannot be used (not a directory, not writable)."""
 
 
-def prepare_out_dir(out: Path, overwrite: bool) -> str | None:
-    """Create ``out`` if needed and keep a previous report; return a message about what was kept.
+def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_FILES) -> str | None:
+    """Create ``out`` if needed and keep a previous report (``files``); return a message about what was kept.
 
     Raises:
         OutputDirError: ``out`` exists and is not a directory, or cannot be written.
@@ -40,7 +40,7 @@ def prepare_out_dir(out: Path, overwrite: bool) -> str | None:
         probe.close()
     except OSError as exc:
         raise OutputDirError(f"cannot write to output directory {out}: {exc.strerror or exc}; pass a writable --out") from None
-    existing = [f for f in REPORT_FILES if (out / f).exists()]
+    existing = [f for f in files if (out / f).exists()]
     if not existing or overwrite:
         return None
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")

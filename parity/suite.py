@@ -81,7 +81,11 @@ class SuiteConfig:
                 seen.add(plan.name)
                 out.append((plan.name, plan))
         for _, plan in out:  # resolve now so s > n_layer fails before any work starts
-            plan.schedule.segments_for(self.preset.config.n_layer)
+            plan.segments_for(self.preset.config.n_layer)
+            p = plan.policy
+            if "torch" in self.frameworks and "block_input" in (p.kept_names | p.offloaded_names) and not p.save_everything:
+                raise ValueError(f"plan {plan.name!r}: PyTorch cannot keep 'block_input' (a checkpointed segment is "
+                                 "replayed from its start); drop it or run --frameworks jax")
         return out
 
 

@@ -76,12 +76,25 @@ class SweepConfig:
         bad = [f for f in self.frameworks if f not in am.FRAMEWORKS]
         if bad or not self.frameworks:
             raise ValueError(f"frameworks must be a non-empty subset of {am.FRAMEWORKS}, got {self.frameworks}")
-        for p in (*self.plans, *self.frontier_plans):
-            parse_plan(p)  # raises ValueError with the valid names
+        for p in self.plans:  # raises ValueError with the valid names, or the depth that does not fit
+            for d in self.depths:
+                _check_plan_depth(p, d)
+        if self.frontier_depth:
+            for p in self.frontier_plans:
+                _check_plan_depth(p, self.frontier_depth)
         if not 1 <= self.seq_len <= self.config.max_seq_len or self.batch_size < 1:
             raise ValueError(f"need batch_size >= 1 and 1 <= seq_len <= {self.config.max_seq_len}")
         if self.timing_repeats < 1:
             raise ValueError(f"timing_repeats must be >= 1, got {self.timing_repeats}")
+
+
+def _check_plan_depth(text: str, depth: int) -> None:
+    """Raise ValueError when the plan is unknown or its schedule does not resolve at this depth."""
+    plan = parse_plan(text)
+    try:
+        plan.segments_for(depth)
+    except ValueError as exc:
+        raise ValueError(f"plan {plan.name!r} at depth {depth}: {exc}") from None
 
 
 def _param_bytes(cfg: TransformerConfig) -> int:

@@ -9,6 +9,8 @@ import json
 import math
 from pathlib import Path
 
+from .cli_util import split_list as _split
+from .report import OutputDirError, prepare_out_dir
 from .sweep import DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SweepConfig, run_sweep
 
 
@@ -27,11 +29,12 @@ def add_parser(sub) -> None:
     p.add_argument("--frontier-plans", default=",".join(FRONTIER_PLANS),
                    help="comma-separated plans (SCHEDULE or SCHEDULE+POLICY) on the frontier")
     p.add_argument("--repeats", type=int, default=3, help="timed steps per case, median reported (default: 3)")
-    p.add_argument("--out", default="sweep-report", type=Path, help="output directory (default: sweep-report/)")
+    p.add_argument("--out", default="sweep-report", type=Path,
+                   help="output directory (default: sweep-report/); a previous sweep there is moved to "
+                   "previous/<timestamp>/ unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous sweep in --out instead of keeping it")
 
 
-def _split(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
 def sweep_from_args(args) -> SweepConfig:
@@ -114,6 +117,9 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+SWEEP_FILES = ("sweep.json", "sweep.md", "memory_vs_depth.png", "frontier.png", "block_bytes.png")
+
+
 def cmd_sweep(args) -> int:
     """Run the sweep and write its files; returns the exit code."""
     from rich.console import Console
@@ -123,10 +129,12 @@ def cmd_sweep(args) -> int:
     console = Console(stderr=True, soft_wrap=True)
     try:
         sweep = sweep_from_args(args)
-        args.out.mkdir(parents=True, exist_ok=True)
-    except (ValueError, OSError) as exc:
+        kept = prepare_out_dir(args.out, args.overwrite, files=SWEEP_FILES)
+    except (ValueError, OutputDirError) as exc:
         console.print(f"[bold red]error:[/] {exc}")
         return 2
+    if kept:
+        console.print(kept)
 
     def on_case(c: dict) -> None:
         status = c["error"] or f"saved {_b(c['saved_bytes'])}, peak act. {_b(c['peak_activation_bytes'])}"

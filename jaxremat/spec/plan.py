@@ -33,6 +33,20 @@ class RematPlan:
                 f"combine it with a schedule that checkpoints, e.g. 'full+{self.policy.name}'"
             )
 
+    def segments_for(self, n_layer: int):
+        """The schedule's segments at depth N.
+
+        Raises:
+            ValueError: the schedule does not resolve at this depth, or a policy other than
+                ``save_nothing`` meets a schedule that checkpoints nothing at this depth (e.g.
+                ``segments(1)``), where it would silently do nothing.
+        """
+        segs = self.schedule.segments_for(n_layer)
+        if not self.policy.saves_nothing and not any(s.checkpointed for s in segs):
+            raise ValueError(f"plan {self.name!r}: {self.schedule.name} checkpoints no segment at n_layer={n_layer}, "
+                             f"so policy {self.policy.name!r} would have no effect")
+        return segs
+
     @property
     def name(self) -> str:
         """``schedule`` or ``schedule+policy`` (canonical policy name)."""

@@ -62,6 +62,10 @@ class Policy:
     description: str = ""
 
     def __post_init__(self) -> None:
+        for field in ("save_names", "offload_names"):
+            if isinstance(getattr(self, field), str):
+                raise ValueError(f"policy {self.name!r}: {field} must be a set of activation names, "
+                                 f"e.g. frozenset({{{getattr(self, field)!r}}}), not a string")
         object.__setattr__(self, "save_names", frozenset(check_names(self.save_names, f"policy {self.name!r}")))
         object.__setattr__(self, "offload_names", frozenset(check_names(self.offload_names, f"policy {self.name!r}")))
         both = self.save_names & self.offload_names
@@ -75,6 +79,10 @@ class Policy:
                              f"None or 'no_batch'; got {self.save_dots!r}, {self.offload_dots!r}")
         if self.save_dots and self.offload_dots:
             raise ValueError(f"policy {self.name!r}: dots cannot be both saved and offloaded")
+        both = self.kept_names & self.offloaded_names
+        if both:
+            raise ValueError(f"policy {self.name!r}: {', '.join(sorted(both))} both kept (by name or as a matrix "
+                             "product) and offloaded; pick one")
         if self.save_everything and (self.save_names or self.offload_names or self.save_dots or self.offload_dots):
             raise ValueError(f"policy {self.name!r}: save_everything keeps everything; it takes no other setting")
 

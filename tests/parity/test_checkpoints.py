@@ -117,3 +117,14 @@ def test_unsupported_config_is_a_clear_error(change, message):
 def test_missing_directory_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_hf_checkpoint(tmp_path / "nope")
+
+
+def test_malformed_config_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="must hold a JSON object"):
+        config_from_hf([])
+    with pytest.raises(ValueError, match="missing field 'vocab_size'"):
+        config_from_hf({"model_type": "bert"})
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError):
+        load_hf_checkpoint(f)

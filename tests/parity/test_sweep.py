@@ -62,3 +62,14 @@ def test_cli_sweep_writes_json_markdown_and_plots(tmp_path):
     for png in ("memory_vs_depth.png", "frontier.png", "block_bytes.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"({png})" in md
     assert main(["sweep", "--depths", "x"]) == 2
+
+
+def test_sweep_plans_checked_against_every_depth_before_running(tmp_path):
+    with pytest.raises(ValueError, match="at depth 1"):
+        SweepConfig(depths=(1, 2), plans=("segments(2)",))
+    SweepConfig(depths=(4, 8), plans=("nested(sqrt,every_k(2))",), frontier_depth=None)
+    assert main(["sweep", "--depths", "1,2", "--schedules", "segments(2)", "--out", str(tmp_path / "a")]) == 2
+    target = tmp_path / "file"
+    target.write_text("mine")
+    assert main(["sweep", "--depths", "1,2", "--out", str(target)]) == 2
+    assert target.read_text() == "mine"

@@ -148,3 +148,19 @@ def test_nested_recompute_counts():
     assert recomputed_blocks(8, nested(every_k(4), every_k(2))) == 16
     assert recomputed_blocks(8, nested(every_k(4), none)) == recomputed_blocks(8, every_k(4)) == 8
     assert peak_units(64, nested(every_k(16), every_k(4))) < peak_units(64, every_k(16))
+
+
+def test_policy_name_kept_as_a_product_and_offloaded_raises():
+    with pytest.raises(ValueError, match="qkv_proj both kept"):
+        Policy("mine", save_dots="all", offload_names=frozenset({"qkv_proj"}))
+
+
+def test_policy_names_as_a_string_is_an_error_not_characters():
+    with pytest.raises(ValueError, match="must be a set of activation names"):
+        Policy("mine", save_names="qkv_proj")
+
+
+def test_plan_policy_on_a_schedule_that_checkpoints_nothing_at_this_depth():
+    with pytest.raises(ValueError, match="checkpoints no segment at n_layer=4"):
+        parse_plan("segments(1)+save_dots").segments_for(4)
+    assert parse_plan("segments(2)+save_dots").segments_for(4)
