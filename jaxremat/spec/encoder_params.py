@@ -12,6 +12,8 @@ position, ``wtt`` token type, ``ln_e`` their LayerNorm. There is no final norm a
 
 from __future__ import annotations
 
+from .block_params import block_param_shapes
+
 
 def encoder_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every encoder parameter, in a fixed order (embeddings, then stacked blocks).
@@ -19,23 +21,12 @@ def encoder_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     Args:
         cfg: a :class:`jaxremat.spec.TransformerConfig` with ``arch="bert"``.
     """
-    L, D, F, V, T = cfg.n_layer, cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.max_seq_len
+    D, V, T = cfg.d_model, cfg.vocab_size, cfg.max_seq_len
     return {
         "wte": (V, D),
         "wpe": (T, D),
         "wtt": (cfg.type_vocab_size, D),
         "ln_e.weight": (D,),
         "ln_e.bias": (D,),
-        "h.ln_1.weight": (L, D),
-        "h.ln_1.bias": (L, D),
-        "h.attn.c_attn.weight": (L, D, 3 * D),
-        "h.attn.c_attn.bias": (L, 3 * D),
-        "h.attn.c_proj.weight": (L, D, D),
-        "h.attn.c_proj.bias": (L, D),
-        "h.ln_2.weight": (L, D),
-        "h.ln_2.bias": (L, D),
-        "h.mlp.c_fc.weight": (L, D, F),
-        "h.mlp.c_fc.bias": (L, F),
-        "h.mlp.c_proj.weight": (L, F, D),
-        "h.mlp.c_proj.bias": (L, D),
+        **block_param_shapes(cfg),
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import TransformerConfig
+from .block_params import block_param_shapes
 from .encoder_params import encoder_param_shapes
 
 
@@ -22,22 +23,11 @@ def param_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """
     if cfg.arch == "bert":
         return encoder_param_shapes(cfg)
-    L, D, F, V, T = cfg.n_layer, cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.max_seq_len
+    D, V, T = cfg.d_model, cfg.vocab_size, cfg.max_seq_len
     return {
         "wte": (V, D),
         "wpe": (T, D),
-        "h.ln_1.weight": (L, D),
-        "h.ln_1.bias": (L, D),
-        "h.attn.c_attn.weight": (L, D, 3 * D),
-        "h.attn.c_attn.bias": (L, 3 * D),
-        "h.attn.c_proj.weight": (L, D, D),
-        "h.attn.c_proj.bias": (L, D),
-        "h.ln_2.weight": (L, D),
-        "h.ln_2.bias": (L, D),
-        "h.mlp.c_fc.weight": (L, D, F),
-        "h.mlp.c_fc.bias": (L, F),
-        "h.mlp.c_proj.weight": (L, F, D),
-        "h.mlp.c_proj.bias": (L, D),
+        **block_param_shapes(cfg),
         "ln_f.weight": (D,),
         "ln_f.bias": (D,),
     }

@@ -1,0 +1,26 @@
+"""The stacked per-block parameter entries (``h.*``), shared by the GPT and the encoder layouts."""
+
+from __future__ import annotations
+
+
+def block_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the per-block tensors, stacked on a leading layer axis N; matrices ``(in, out)``.
+
+    Args:
+        cfg: a :class:`jaxremat.spec.TransformerConfig` (any ``arch``).
+    """
+    L, D, F = cfg.n_layer, cfg.d_model, cfg.d_ff
+    return {
+        "h.ln_1.weight": (L, D),
+        "h.ln_1.bias": (L, D),
+        "h.attn.c_attn.weight": (L, D, 3 * D),
+        "h.attn.c_attn.bias": (L, 3 * D),
+        "h.attn.c_proj.weight": (L, D, D),
+        "h.attn.c_proj.bias": (L, D),
+        "h.ln_2.weight": (L, D),
+        "h.ln_2.bias": (L, D),
+        "h.mlp.c_fc.weight": (L, D, F),
+        "h.mlp.c_fc.bias": (L, F),
+        "h.mlp.c_proj.weight": (L, F, D),
+        "h.mlp.c_proj.bias": (L, D),
+    }
