@@ -17,7 +17,7 @@ import torch
 from jaxremat.spec import Schedule
 
 from .encoder import Encoder, contrastive_loss, mean_pool
-from .render import _run_segment
+from .reverse_loop import backward_segments, forward_segments
 
 
 def reverse_segment_loop(model: Encoder, tokens: torch.Tensor, schedule: Schedule) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
@@ -39,34 +39,9 @@ def reverse_segment_loop(model: Encoder, tokens: torch.Tensor, schedule: Schedul
     segs = schedule.segments_for(len(blocks))
 
     x0 = model.embed(tokens)
-    boundary = x0.detach()
-    saved = []
-    for seg in segs:
-        run = _run_segment(blocks[seg.start:seg.stop])
-        if seg.checkpointed:
-            rng_state = torch.get_rng_state()
-            with torch.no_grad():
-                out = run(boundary)
-            saved.append((boundary, rng_state, None))
-        else:
-            start = boundary.requires_grad_()
-            out = run(start)
-            saved.append((start, None, out))
-        boundary = out.detach()
-
+    boundary, saved = forward_segments(blocks, segs, x0)
     last = boundary.requires_grad_()
     loss = contrastive_loss(mean_pool(last, mask))
     loss.backward()
-    grad_out = last.grad
-
-    for seg, (start, rng_state, kept_out) in zip(reversed(segs), reversed(saved)):
-        if kept_out is None:
-            start = start.detach().requires_grad_()
-            with torch.random.fork_rng(devices=[]), torch.enable_grad():
-                torch.set_rng_state(rng_state)
-                kept_out = _run_segment(blocks[seg.start:seg.stop])(start)
-        kept_out.backward(grad_out)
-        grad_out = start.grad
-
-    x0.backward(grad_out)
+    x0.backward(backward_segments(blocks, segs, saved, last.grad))
     return loss.detach(), model.to_params(grads=True)

@@ -22,7 +22,8 @@ byte; ``tests/torchref/test_reverse_loop.py`` checks that they do.
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -31,6 +32,51 @@ from jaxremat.spec import Schedule
 
 from .model import GPT, compute_context, lm_loss, split_tokens, torch_dtype
 from .render import _run_segment
+
+
+Saved = list[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]
+
+
+def forward_segments(blocks: list, segs, x0: torch.Tensor, precision: Callable = contextlib.nullcontext
+                     ) -> tuple[torch.Tensor, Saved]:
+    """Forward half of the loop: run ``blocks`` from ``x0`` (detached) segment by segment.
+
+    A checkpointed segment runs under ``torch.no_grad()`` and keeps its input boundary and the CPU
+    RNG state; a plain one keeps its graph. Returns the detached last boundary and, per segment,
+    ``(start, rng_state or None, kept output or None)``. ``precision`` opens the forward's
+    autocast context.
+    """
+    boundary = x0.detach()
+    saved: Saved = []
+    for seg in segs:
+        run = _run_segment(blocks[seg.start:seg.stop])
+        if seg.checkpointed:
+            rng_state = torch.get_rng_state()
+            with torch.no_grad(), precision():
+                out = run(boundary)
+            saved.append((boundary, rng_state, None))
+        else:
+            start = boundary.requires_grad_()
+            with precision():
+                out = run(start)
+            saved.append((start, None, out))
+        boundary = out.detach()
+    return boundary, saved
+
+
+def backward_segments(blocks: list, segs, saved: Saved, grad_out: torch.Tensor,
+                      precision: Callable = contextlib.nullcontext) -> torch.Tensor:
+    """Reverse half: walk the segments backwards, recomputing each checkpointed one under its
+    saved RNG state; returns the gradient of the first boundary."""
+    for seg, (start, rng_state, kept_out) in zip(reversed(segs), reversed(saved)):
+        if kept_out is None:
+            start = start.detach().requires_grad_()
+            with torch.random.fork_rng(devices=[]), torch.enable_grad(), precision():
+                torch.set_rng_state(rng_state)
+                kept_out = _run_segment(blocks[seg.start:seg.stop])(start)
+        kept_out.backward(grad_out)
+        grad_out = start.grad
+    return grad_out
 
 
 def reverse_segment_loop(
@@ -62,21 +108,7 @@ def reverse_segment_loop(
     precision = lambda: compute_context(model.cfg)  # noqa: E731 -- the forward's autocast state, every time
     with precision():
         x0 = model.embed(inputs)  # embedding graph kept, as in the library
-    boundary = x0.detach()
-    saved: list[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = []
-    for seg in segs:
-        run = _run_segment(blocks[seg.start:seg.stop])
-        if seg.checkpointed:
-            rng_state = torch.get_rng_state()
-            with torch.no_grad(), precision():
-                out = run(boundary)
-            saved.append((boundary, rng_state, None))
-        else:
-            start = boundary.requires_grad_()
-            with precision():
-                out = run(start)
-            saved.append((start, None, out))
-        boundary = out.detach()
+    boundary, saved = forward_segments(blocks, segs, x0, precision)
 
     # 2. head from the last boundary.
     last = boundary.requires_grad_()
@@ -87,14 +119,7 @@ def reverse_segment_loop(
     grad_out = last.grad
 
     # 3. reverse walk over the segments.
-    for seg, (start, rng_state, kept_out) in zip(reversed(segs), reversed(saved)):
-        if kept_out is None:
-            start = start.detach().requires_grad_()
-            with torch.random.fork_rng(devices=[]), torch.enable_grad(), precision():
-                torch.set_rng_state(rng_state)
-                kept_out = _run_segment(blocks[seg.start:seg.stop])(start)
-        kept_out.backward(grad_out)
-        grad_out = start.grad
+    grad_out = backward_segments(blocks, segs, saved, grad_out, precision)
 
     # 4. into the embedding.
     x0.backward(grad_out)
