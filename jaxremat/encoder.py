@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from .model import block_params_of, layer_dropout_keys, layer_norm
+from .model import block_params_of, layer_dropout_keys
+from .ops import batched_matmul, gelu, layer_norm, masked_softmax
 from .render import remat_scan
 from .spec.config import TransformerConfig
 from .spec.schedules import Schedule, none
@@ -111,17 +112,16 @@ def encoder_block_forward(block_params: dict, x: jax.Array, key_mask: jax.Array,
     qkv = checkpoint_name(x @ p["h.attn.c_attn.weight"] + p["h.attn.c_attn.bias"], "qkv_proj")  # (B, T, 3D)
     q, k, v = jnp.split(qkv, 3, axis=-1)                                          # 3 x (B, T, D)
     q, k, v = (t.reshape(B, T, H, hd).transpose(0, 2, 1, 3) for t in (q, k, v))  # (B, H, T, hd)
-    scores = checkpoint_name(q @ jnp.swapaxes(k, -1, -2), "attn_scores")           # (B, H, T, T)
-    scores = jnp.where(key_mask[:, None, None, :], scores * (1.0 / math.sqrt(hd)), -jnp.inf)
-    probs = checkpoint_name(jax.nn.softmax(scores, axis=-1), "attn_probs")
-    ctx = checkpoint_name(dropout(probs, cfg.dropout, keys[0]) @ v, "attn_out")    # (B, H, T, hd)
+    scores = checkpoint_name(batched_matmul(q, k, transpose_b=True), "attn_scores")           # (B, H, T, T)
+    probs = masked_softmax(scores, key_mask[:, None, None, :], 1.0 / math.sqrt(hd), "attn_probs")
+    ctx = checkpoint_name(batched_matmul(dropout(probs, cfg.dropout, keys[0]), v), "attn_out")    # (B, H, T, hd)
     y = ctx.transpose(0, 2, 1, 3).reshape(B, T, D)
     o = checkpoint_name(y @ p["h.attn.c_proj.weight"] + p["h.attn.c_proj.bias"], "out_proj")
     x = layer_norm(x + dropout(o, cfg.dropout, keys[1]), p["h.ln_1.weight"], p["h.ln_1.bias"], cfg.layer_norm_eps)
     x = checkpoint_name(x, "attn_norm")
 
     m = checkpoint_name(x @ p["h.mlp.c_fc.weight"] + p["h.mlp.c_fc.bias"], "mlp_hidden")  # (B, T, F)
-    m = checkpoint_name(jax.nn.gelu(m, approximate=False), "mlp_act")
+    m = checkpoint_name(gelu(m, False), "mlp_act")
     m = checkpoint_name(m @ p["h.mlp.c_proj.weight"] + p["h.mlp.c_proj.bias"], "mlp_out")  # (B, T, D)
     x = layer_norm(x + dropout(m, cfg.dropout, keys[2]), p["h.ln_2.weight"], p["h.ln_2.bias"], cfg.layer_norm_eps)
     return checkpoint_name(x, "mlp_norm")

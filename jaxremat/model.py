@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from .ops import batched_matmul, gelu, layer_norm, masked_softmax
 from .render import remat_scan
 from .spec.config import TransformerConfig
 from .spec.params import BLOCK_PARAM_NAMES, check_params
@@ -35,25 +36,6 @@ __all__ = [
     "GPT", "block_forward", "compute_cast", "cross_entropy", "embed", "forward", "head", "layer_norm",
     "layer_dropout_keys", "loss_fn", "block_params_of",
 ]
-
-
-def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
-    """``(x - mean) * rsqrt(var + eps) * weight + bias`` over the last axis (biased variance).
-
-    The math of ``torch.nn.LayerNorm`` (whose CPU kernel also multiplies by ``1/sqrt(var+eps)``).
-    ``x``: (..., D); ``weight``, ``bias``: (D,).
-
-    Why ``lax.rsqrt`` and not ``/ jnp.sqrt``: XLA's algebraic simplifier rewrites
-    ``a / sqrt(b)`` into ``a * rsqrt(b)``, and under ``jit`` it did so only in the remat program
-    (in the recomputed LayerNorm), not in the no-remat one where ``sqrt(var + eps)`` is also a
-    saved residual. ``rsqrt`` and ``1/sqrt`` differ in the last bits, so every gradient drifted by
-    up to ~5e-7 relative between schedules. Writing ``rsqrt`` ourselves gives both programs the
-    same instruction (measured: every schedule bitwise equal to ``none`` under ``jit`` at the
-    default config; see tests/jaxremat/test_render.py).
-    """
-    mean = jnp.mean(x, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + eps) * weight + bias
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -141,17 +123,16 @@ def block_forward(block_params: dict, x: jax.Array, cfg: TransformerConfig, *, d
     qkv = name(h @ p["h.attn.c_attn.weight"] + p["h.attn.c_attn.bias"], "qkv_proj")  # (B, T, 3D)
     q, k, v = jnp.split(qkv, 3, axis=-1)                                     # 3 x (B, T, D)
     q, k, v = (t.reshape(B, T, H, hd).transpose(0, 2, 1, 3) for t in (q, k, v))  # (B, H, T, hd)
-    scores = name(q @ jnp.swapaxes(k, -1, -2), "attn_scores") * (1.0 / math.sqrt(hd))  # (B, H, T, T)
+    scores = name(batched_matmul(q, k, transpose_b=True), "attn_scores")                # (B, H, T, T)
     causal = jnp.tril(jnp.ones((T, T), dtype=bool))
-    scores = jnp.where(causal, scores, -jnp.inf)
-    probs = _dropout(name(jax.nn.softmax(scores, axis=-1), "attn_probs"), cfg.dropout, keys[0])
-    y = name(probs @ v, "attn_out").transpose(0, 2, 1, 3).reshape(B, T, D)   # (B, H, T, hd) -> (B, T, D)
+    probs = _dropout(masked_softmax(scores, causal, 1.0 / math.sqrt(hd), "attn_probs"), cfg.dropout, keys[0])
+    y = name(batched_matmul(probs, v), "attn_out").transpose(0, 2, 1, 3).reshape(B, T, D)   # (B, H, T, hd) -> (B, T, D)
     a = name(y @ p["h.attn.c_proj.weight"] + p["h.attn.c_proj.bias"], "out_proj")
     x = x + _dropout(a, cfg.dropout, keys[1])
 
     h2 = name(layer_norm(x, p["h.ln_2.weight"], p["h.ln_2.bias"], cfg.layer_norm_eps), "mlp_norm")
     m = name(h2 @ p["h.mlp.c_fc.weight"] + p["h.mlp.c_fc.bias"], "mlp_hidden")    # (B, T, F)
-    m = name(jax.nn.gelu(m, approximate=True), "mlp_act")
+    m = name(gelu(m, True), "mlp_act")
     out = name(m @ p["h.mlp.c_proj.weight"] + p["h.mlp.c_proj.bias"], "mlp_out")
     return x + _dropout(out, cfg.dropout, keys[2])
 

@@ -1,50 +1,32 @@
-"""Render a neutral remat schedule onto any stack of blocks as nested ``lax.scan`` s.
+"""Render a neutral remat schedule onto any stack of blocks: :func:`remat_scan`.
 
 The stack is given as parameters stacked on a leading layer axis N (any pytree) and a
 ``block_fn(layer_params, carry, layer_xs) -> carry``; nothing here knows about transformers.
+``schedule.segments_for(N)`` gives contiguous segments; a checkpointed segment keeps only its
+input (its boundary) and recomputes its layers in the backward pass (Chen et al. 2016,
+arXiv:1604.06174).
 
-Why scans: XLA:CPU merges the recompute of ``jax.checkpoint`` on a Python-unrolled stack of
-layers back into the forward computation, so compiled memory does not drop. Remat of a
-``lax.scan`` body survives compilation, so every segment schedule becomes nested scans.
+Two renderings, chosen with ``method``:
 
-Structure. ``schedule.segments_for(N)`` gives contiguous segments. Consecutive segments of equal
-length ``k`` and equal ``checkpointed`` flag form one *group* of ``n_seg`` segments:
+* ``"reverse_loop"`` (default): :func:`jaxremat.segment_vjp.remat_segments`, the reverse segment
+  loop written out as one ``jax.custom_vjp`` over per-layer ``lax.scan`` s. Every layer reads its
+  own parameter slice and writes its own gradient slice in place, and a recompute runs in the
+  backward pass by construction, so XLA's compiled temp memory follows the chain model (measured:
+  docs/memory-model.md). Reverse mode only (``grad``, ``vjp``, ``grad`` of ``grad``).
+* ``"checkpoint"``: ``jax.checkpoint(policy=...)`` around scanned segments, JAX's own remat. Also
+  differentiable in forward mode (``jax.jvp``, Hessian-vector products). Its compiled memory is
+  XLA's to keep (measured on XLA:CPU, jax 0.10.2): a group of equal segments is an outer scan over
+  a ``(n_seg, k, ...)`` view of the parameters, whose k-layer slice and gradient slice XLA
+  materialises per segment; segments of several lengths ``lax.split`` the parameters and
+  concatenate their gradients (copies); a checkpointed group of ONE segment is an outer loop of
+  trip count one that XLA's while-loop simplifier removes, after which the recompute is scheduled
+  with the forward pass and saves nothing (``segments(2)``, ``sqrt`` at N <= 6).
+  :func:`jaxremat.survival.survival_check` tells whether a given program kept its saving.
 
-* checkpointed group -- the group's params are split off the stack (``lax.split``, whose
-  transpose is a concatenate, so no gradient is padded or summed with zeros) and reshaped to
-  ``(n_seg, k, ...)``; an outer ``lax.scan`` over the ``n_seg`` segments has the body
-  ``jax.checkpoint(inner lax.scan over k layers, policy=policy, prevent_cse=False)``. The
-  forward pass therefore keeps each segment's input (its boundary) plus whatever ``policy``
-  saves, and recomputes the segment interior in the backward pass (Chen et al. 2016,
-  arXiv:1604.06174).
-* not-checkpointed group -- one plain ``lax.scan`` over its ``n_seg * k`` layers; every
-  residual of every layer is kept, as without remat.
-
-``none`` is one plain scan over all N layers. Rounding is the schedule's (see
-:mod:`jaxremat.spec.schedules`): ``every_k(3)`` at N=5 gives a group (1 segment x 3 layers) and a
-remainder group (1 x 2); ``sqrt`` at N=8 gives ``segments(3)`` = 2 checkpointed segments of 2
-layers then a plain scan over the last 4.
-
-Bitwise equality with ``none`` (measured on XLA:CPU, jax 0.10.2; tests/jaxremat/test_render.py).
-Op by op (``jax.disable_jit()``) every schedule gives the same bits as ``none``: the recompute
-runs the same primitives on the same values. Under ``jax.jit``: at the default config (N=8,
-D=64, T=64, B=4; float32 and float64; with and without dropout) every schedule is bitwise.
-Groups whose segments hold >= 2 layers were bitwise at every shape measured: their inner scan
-keeps the no-remat structure (recompute in a forward loop, stacked residuals read back in a
-backward loop). A group of 1-layer segments (``full``, a 1-layer remainder such as
-``every_k(2)`` at N=5) runs an inner scan of trip count 1, which XLA's while-loop simplifier
-removes; the layer is then compiled outside a loop body, its reductions are emitted differently,
-and at small shapes (D=16, D=32) gradients differ in the last bits (<= 4.5e-7 of each tensor's
-largest entry in float32, 5.7e-16 in float64). With
-``XLA_FLAGS=--xla_disable_hlo_passes=simplify-while-loops`` those cases are bitwise again.
-
-``prevent_cse=False``: ``jax.checkpoint`` by default wraps its recompute in an optimization
-barrier so XLA's common-subexpression elimination cannot merge the recompute with the original
-forward computation (which would silently undo remat). Inside ``lax.scan`` the recompute lives in
-the body of the backward loop and the original in the forward loop, two different while-loop
-computations that CSE cannot merge, so the barrier is unnecessary; the ``jax.checkpoint``
-docstring says so ("when used inside a lax.scan, this CSE prevention mechanism is unnecessary")
-and the barrier can block fusion.
+Bitwise equality with ``none`` (measured on XLA:CPU, jax 0.10.2; tests/jaxremat/test_render.py):
+op by op every schedule gives the bits of ``none`` in both renderings; under ``jit`` too at the
+project's configs, with the exception of segments of one layer at tiny shapes, documented in
+docs/framework-differences.md, section 2.
 """
 
 from __future__ import annotations
@@ -53,12 +35,14 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import jax.extend
 from jax import lax
 
 from .policies import to_jax_policy
-from .spec.schedules import Schedule, Segment
+from .segment_vjp import remat_segments
+from .spec.schedules import Schedule, Segment, parse_schedule
 
-__all__ = ["ScanGroup", "plan_groups", "remat_scan", "stack_depth"]
+__all__ = ["METHODS", "ScanGroup", "plan_groups", "remat_scan", "stack_depth"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,15 +120,20 @@ def _segment_major(tree: Any, g: ScanGroup) -> Any:
     return jax.tree_util.tree_map(lambda a: a.reshape((g.n_seg, g.k) + a.shape[1:]), tree)
 
 
+METHODS = ("reverse_loop", "checkpoint")
+"""The renderings of :func:`remat_scan` (see the module docstring)."""
+
+
 def remat_scan(
     block_fn: Callable[[Any, Any, Any], Any],
     stacked_params: Any,
     carry: Any,
-    schedule: Schedule,
+    schedule: Schedule | str,
     *,
     xs: Any = None,
     policy: Any = None,
     with_outputs: bool = False,
+    method: str = "reverse_loop",
 ) -> Any:
     """Run ``carry = block_fn(params[i], carry, xs[i])`` for i = 0..N-1 under a remat schedule.
 
@@ -155,7 +144,8 @@ def remat_scan(
             ``(carry, y)``, ``y`` a per-layer output (e.g. the layer's updated running statistics).
         stacked_params: pytree of arrays with a common leading layer axis N.
         carry: pytree threaded through the layers (e.g. the (B, T, D) residual stream).
-        schedule: a :mod:`jaxremat.spec.schedules` value, resolved with ``segments_for(N)``.
+        schedule: a :mod:`jaxremat.spec.schedules` value or its name (``"sqrt"``,
+            ``"every_k(2)"``, ``"nested(sqrt,sqrt)"``), resolved with ``segments_for(N)``.
         xs: optional extra per-layer pytree with leading axis N (e.g. (N,) dropout keys); the
             same slice is fed to the recompute, so random masks are reproduced exactly.
         policy: what a checkpointed segment keeps inside itself: a policy name or
@@ -168,19 +158,69 @@ def remat_scan(
             (as ``lax.scan``'s ``ys``). Each layer's ``y`` comes out once, from the forward pass:
             a recompute in the backward pass produces values, not outputs, so state carried out
             this way (Flax ``batch_stats``) is updated once per step under every schedule.
+        method: ``"reverse_loop"`` (default; compiled memory as the chain model predicts, reverse
+            mode only) or ``"checkpoint"`` (``jax.checkpoint`` over scanned segments; also
+            forward mode). See the module docstring.
 
     Returns:
         The carry after the N layers; ``(carry, ys)`` with ``with_outputs=True``.
 
     Raises:
-        ValueError: leaves of ``stacked_params``/``xs`` disagree on N, or the schedule is
-            invalid for depth N (e.g. ``segments(s)`` with ``s > N``).
+        ValueError: leaves of ``stacked_params``/``xs`` disagree on N, an unknown schedule name
+            or ``method``, or the schedule is invalid for depth N (e.g. ``segments(s)`` with
+            ``s > N``).
 
-    Source: ``jax.checkpoint`` + ``jax.lax.scan``; Chen et al. 2016, arXiv:1604.06174.
+    Source: Chen et al. 2016, arXiv:1604.06174; ``jax.custom_vjp`` (``"reverse_loop"``),
+    ``jax.checkpoint`` + ``jax.lax.scan`` (``"checkpoint"``).
     """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    schedule = parse_schedule(schedule) if isinstance(schedule, str) else schedule
     jax_policy = to_jax_policy(policy)
     n_layer = stack_depth(stacked_params, xs)
-    groups = plan_groups(schedule.segments_for(n_layer))
+    segments = schedule.segments_for(n_layer)
+    if method == "reverse_loop":
+        return _reverse_loop(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs)
+    return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs)
+
+
+def _reverse_loop(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs):
+    """``method="reverse_loop"``: closure-convert one layer and hand it to :func:`remat_segments`."""
+    def layer(p, c, x):
+        out = block_fn(p, c, x)
+        return out if with_outputs else (out, None)
+
+    fn, consts = _closure_convert(layer, stacked_params, carry, xs)
+    out, ys = remat_segments(fn, stacked_params, carry, xs, consts, segments, jax_policy)
+    return (out, ys) if with_outputs else out
+
+
+def _closure_convert(layer, stacked_params, carry, xs):
+    """``(fn(p, c, x, consts), consts)``: ``layer`` with every array it closes over made explicit.
+
+    Like ``jax.closure_convert``, but every closed-over array becomes an argument, not only the
+    ones that may carry a tangent: a layer's closed-over mask or constant is then read again in the
+    backward pass instead of being kept once per layer or segment among the residuals.
+    """
+    tree = jax.tree_util
+    slice0 = lambda t: tree.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), t)
+    carry_sds = tree.tree_map(lambda a: jax.ShapeDtypeStruct(jax.numpy.shape(a), jax.numpy.result_type(a)), carry)
+    flat, in_tree = tree.tree_flatten((slice0(stacked_params), carry_sds, None if xs is None else slice0(xs)))
+    closed, out_shape = jax.make_jaxpr(lambda *leaves: layer(*tree.tree_unflatten(in_tree, leaves)),
+                                       return_shape=True)(*flat)
+    out_tree = tree.tree_structure(out_shape)
+
+    def fn(p, c, x, consts):
+        outs = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(closed.jaxpr, consts))(
+            *tree.tree_leaves((p, c, x)))
+        return tree.tree_unflatten(out_tree, outs)
+
+    return fn, list(closed.consts)
+
+
+def _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs):
+    """``method="checkpoint"``: ``jax.checkpoint`` around nested scans (JAX's own remat)."""
+    groups = plan_groups(segments)
     param_parts = _split_groups(stacked_params, groups)
     xs_parts = _split_groups(xs, groups) if xs is not None else [None] * len(groups)
 
@@ -198,7 +238,7 @@ def remat_scan(
         else:  # nested: the outer segment keeps its input only; its recompute runs the inner schedule
             def run_inner(c, seg_params, seg_xs):
                 out = remat_scan(block_fn, seg_params, c, g.inner, xs=seg_xs, policy=jax_policy,
-                                 with_outputs=with_outputs)
+                                 with_outputs=with_outputs, method="checkpoint")
                 return out if with_outputs else (out, None)
 
             body = jax.checkpoint(run_inner, prevent_cse=False)
@@ -206,7 +246,12 @@ def remat_scan(
 
     ys_parts = []
     for g, p, x in zip(groups, param_parts, xs_parts):
-        if g.checkpointed:
+        if g.checkpointed and g.k == 1 and g.inner is None:
+            # One-layer segments: checkpoint the layer in a scan over the layers. A (n_seg, 1, ...)
+            # view would give XLA a unit axis whose layout it changes with a copy of the parameters.
+            body = jax.checkpoint(lambda c, layer: layer_step(c, layer), policy=jax_policy, prevent_cse=False)
+            carry, ys = lax.scan(body, carry, (p, x))
+        elif g.checkpointed:
             carry, ys = lax.scan(segment_step_for(g), carry, (_segment_major(p, g), _segment_major(x, g)))
             ys = jax.tree_util.tree_map(lambda a: a.reshape((g.n_seg * g.k,) + a.shape[2:]), ys)
         else:

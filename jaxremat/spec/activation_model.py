@@ -13,13 +13,14 @@ causal mask, which is kept by the masking step outside any named region. That is
 recorder labels saved tensors; the JAX account uses the same rule, so the two lists can be set
 side by side by name.
 
-Why the frameworks differ for the same math (``docs/memory-model.md``): PyTorch's fused kernels
-(``native_layer_norm``, ``softmax``, ``gelu``) save their input (or output) and two statistics and
-recompute the rest inside their backward kernels; JAX differentiates the composed primitives and
-keeps their intermediates (LayerNorm's centred input, ``2(x - mean)`` and normalised input; the
-softmax's ``exp``, row sum and its inverse square; the tanh-GELU's input and four (B, T, F)
-intermediates).
-PyTorch keeps the block input (LayerNorm saves its input); JAX keeps ``x - mean`` instead.
+Why the lists are so close: PyTorch's fused kernels (``native_layer_norm``, ``softmax``,
+``gelu``) save their input (or output) and one or two statistics and recompute the rest inside
+their backward kernels; JAX's block is built from :mod:`jaxremat.ops`, whose ``custom_jvp`` rules
+read as little (LayerNorm: its normalised input and ``rsqrt``; GELU: its derivative; softmax: its
+output). JAX keeps the normalised input of each LayerNorm where PyTorch keeps its input, and no
+causal mask (the softmax's backward does not need it), so one JAX block keeps ``T^2`` bytes and
+``2BT`` elements fewer than PyTorch's (``docs/memory-model.md``; before :mod:`jaxremat.ops`,
+autodiff of the composed primitives kept about 2.2x PyTorch's bytes).
 
 Korthikanti et al. 2022 (arXiv:2205.05198, section 4) count ``sbh(34 + 5as/h)`` bytes per layer
 in 16-bit with dropout; without dropout their terms are ``8BTD + 2BTF`` elements plus ``BHT^2``
@@ -82,59 +83,32 @@ def _check(framework: str, cfg: TransformerConfig, batch: int, seq: int) -> None
 
 def _jax_layer_norm(B, T, D, dt, name) -> list[TensorAccount]:
     return [
-        _t(name, "2 (x - mean): derivative of the variance's square", (B, T, D), dt),
-        _t(name, "x - mean: centred input", (B, T, D), dt),
         _t(name, "rsqrt(var + eps)", (B, T, 1), dt),
-        _t(name, "-rsqrt(var + eps) / (2 (var + eps)): derivative of rsqrt", (B, T, 1), dt),
-        _t(name, "(x - mean) * rsqrt(var + eps): normalised input, for the weight gradient", (B, T, D), dt),
+        _t(name, "normalised input (x - mean) * rsqrt(var + eps)", (B, T, D), dt),
     ]
 
 
 def jax_block_tensors(cfg: TransformerConfig, batch: int, seq: int) -> list[TensorAccount]:
     """The residuals of one JAX block under ``none``, in JAX's program order (see module doc).
 
-    When B == 1 or H == 1, ``jnp.matmul`` squeezes the unit batch axes of the attention products
-    and keeps the squeezed q, k^T, probabilities and v instead (same bytes, other order, and the
-    probabilities lose their ``attn_probs`` tag).
+    The block is built from :mod:`jaxremat.ops` (LayerNorm, GELU and the masked softmax as
+    ``custom_jvp`` s whose backward reads what PyTorch's reads; attention products as one
+    ``dot_general`` each, so no unit axis is squeezed into a second copy).
     """
     _check("jax", cfg, batch, seq)
     B, T, D, F, H, hd, dt = batch, seq, cfg.d_model, cfg.d_ff, cfg.n_head, cfg.head_dim, cfg.dtype
-    softmax = [
-        _t(None, "causal mask broadcast to the scores", (B, H, T, T), "bool", per_layer=False),
-        _t(None, "zeros broadcast: the masked entries' gradient", (B, H, T, T), dt, per_layer=False),
-        _t("attn_probs", "exp(scores - max): softmax numerator", (B, H, T, T), dt),
-        _t("attn_probs", "softmax row sum", (B, H, T, 1), dt),
-        _t("attn_probs", "(row sum) ** -2", (B, H, T, 1), dt),
-    ]
-    if B > 1 and H > 1:
-        attention = [
-            _t("attn_scores", "q, heads split", (B, H, T, hd), dt),
-            _t("attn_out", "v, heads split", (B, H, T, hd), dt),
-            _t("attn_scores", "k^T, heads split", (B, H, hd, T), dt),
-            *softmax,
-            _t("attn_out", "softmax probabilities", (B, H, T, T), dt, tag="attn_probs"),
-        ]
-    else:
-        bd = tuple(d for d in (B, H) if d != 1)  # the batch axes matmul keeps
-        attention = [
-            _t("attn_scores", "q, heads split, unit batch axes squeezed", (*bd, T, hd), dt),
-            _t("attn_scores", "k^T, heads split, unit batch axes squeezed", (*bd, hd, T), dt),
-            *softmax,
-            _t("attn_out", "softmax probabilities, unit batch axes squeezed", (*bd, T, T), dt),
-            _t("attn_out", "v, heads split, unit batch axes squeezed", (*bd, T, hd), dt),
-        ]
     return [
         *_jax_layer_norm(B, T, D, dt, "attn_norm"),
         _t("qkv_proj", "ln_1 output, input of the qkv projection", (B, T, D), dt, tag="attn_norm"),
-        *attention,
+        _t("attn_scores", "q, heads split", (B, H, T, hd), dt),
+        _t("attn_scores", "k, heads split", (B, H, T, hd), dt),
+        _t("attn_out", "v, heads split", (B, H, T, hd), dt),
+        _t("attn_out", "softmax probabilities (read by probs @ v and by the softmax's backward)",
+           (B, H, T, T), dt, tag="attn_probs"),
         _t("out_proj", "attention context, heads merged: input of the out projection", (B, T, D), dt),
         *_jax_layer_norm(B, T, D, dt, "mlp_norm"),
         _t("mlp_hidden", "ln_2 output, input of the MLP up-projection", (B, T, D), dt, tag="mlp_norm"),
-        _t("mlp_act", "MLP up-projection output, GELU input", (B, T, F), dt, tag="mlp_hidden"),
-        _t("mlp_act", "GELU: 3 x^2 (derivative of x^3)", (B, T, F), dt),
-        _t("mlp_act", "GELU: tanh(u), u = sqrt(2/pi) (x + 0.044715 x^3)", (B, T, F), dt),
-        _t("mlp_act", "GELU: 1 - tanh(u)", (B, T, F), dt),
-        _t("mlp_act", "GELU: 0.5 (1 + tanh(u)), the cdf factor", (B, T, F), dt),
+        _t("mlp_act", "GELU derivative gelu'(x) at the up-projection output", (B, T, F), dt),
         _t("mlp_out", "GELU output, input of the MLP down-projection", (B, T, F), dt, tag="mlp_act"),
     ]
 
@@ -291,9 +265,10 @@ def predict_peak_activation_bytes(framework: str, cfg: TransformerConfig, batch:
     bytes: while checkpointed segment j is recomputed and run backward, the boundaries below it,
     what plain segments below it keep, and segment j's recomputed layers are live, plus the
     outside tensors and the gradient of the logits (B, T, V) the backward pass starts from; the
-    peak is the largest of these and of the end of the forward pass. JAX adds
-    :func:`param_layout_bytes` when a segment is checkpointed. Working buffers of a single
-    op are not modelled; the measurement adds them (the report flags gaps above 10%).
+    peak is the largest of these and of the end of the forward pass. Working buffers of a single
+    op are not modelled; the measurement adds them (the report flags gaps above 10%). JAX's
+    reverse segment loop (:mod:`jaxremat.segment_vjp`) reads each layer's parameters and writes
+    each layer's gradient in place, so no copy of the parameters is added.
     """
     segs = schedule.segments_for(cfg.n_layer)
     unit, bnd = layer_bytes(framework, cfg, batch, seq), boundary_bytes(cfg, batch, seq)
@@ -302,21 +277,7 @@ def predict_peak_activation_bytes(framework: str, cfg: TransformerConfig, batch:
     logits_grad = batch * seq * cfg.vocab_size * _ITEMSIZE[cfg.dtype]
     stack = max(_chain_peak(segs, unit, bnd, inv if framework == "jax" else 0),
                 predict_saved_bytes(framework, cfg, batch, seq, schedule) - outside)
-    return outside + logits_grad + stack + param_layout_bytes(framework, cfg, schedule)
-
-
-def param_layout_bytes(framework: str, cfg: TransformerConfig, schedule: Schedule) -> int:
-    """JAX only: one segment-major copy of the stacked block parameters (or of their gradients).
-
-    ``jaxremat.render.remat_scan`` reshapes/splits the stacked parameters per segment to scan the
-    checkpointed segments; XLA materializes that layout in temp memory, so a schedule with a
-    checkpointed segment holds about one extra copy of the block parameters (measured in the
-    depth sweep; linear in N). 0 for PyTorch and for ``none``.
-    """
-    if framework != "jax" or not any(s.checkpointed for s in schedule.segments_for(cfg.n_layer)):
-        return 0
-    return sum(math.prod(shape) for name, shape in param_shapes(cfg).items() if name.startswith("h.")) \
-        * _ITEMSIZE[cfg.dtype]
+    return outside + logits_grad + stack
 
 
 def korthikanti_layer_bytes(batch: int, seq: int, d_model: int, n_head: int, *, bytes_per_element: int = 2,

@@ -7,6 +7,7 @@ import pytest
 from jaxremat.memory import (
     ResidualRecord, compiled_memory, device_peak_bytes, gpu_available, saved_activation_bytes, saved_residuals,
 )
+from jaxremat.render import remat_scan
 from jaxremat.model import block_forward, block_params_of, cross_entropy, embed, head, loss_fn
 from jaxremat.spec import full, init_params, none, sqrt
 
@@ -30,10 +31,20 @@ def test_parameter_views_count_as_arguments(tiny):
     """A segment's parameter slice (split/reshape of an argument), ``wte.T``, or a LayerNorm weight
     broadcast to (1, 1, D) (also stacked per layer by a scan) is not an activation."""
     cfg, params, tokens = tiny
-    recs = saved_residuals(lambda p: loss_fn(p, tokens, cfg, sqrt), params)
+
+    def checkpoint_loss(p):  # the jax.checkpoint rendering splits and reshapes the stacked parameters
+        x = embed(p, tokens[:, :-1], cfg)
+        x = remat_scan(lambda lp, c, _: block_forward(lp, c, cfg), block_params_of(p), x, sqrt, method="checkpoint")
+        return cross_entropy(head(p, x, cfg), tokens[:, 1:])
+
+    recs = saved_residuals(checkpoint_loss, params)
     views = [r for r in recs if r.is_argument and "output of" in r.description]
     assert {r.description.split()[2] for r in views} == {"split", "reshape", "transpose", "broadcast_in_dim", "scan"}
     assert (3, 16, 48) in {r.shape for r in views}  # c_attn.weight of the plain tail group (N=3)
+    # the reverse segment loop reads each layer's slice in place: no split or reshape views
+    recs_loop = saved_residuals(lambda p: loss_fn(p, tokens, cfg, sqrt), params)
+    loop_views = {r.description.split()[2] for r in recs_loop if r.is_argument and "output of" in r.description}
+    assert loop_views == {"transpose", "broadcast_in_dim", "scan"}
     D = cfg.d_model
     stacked_ln = [r for r in views if r.description.startswith("output of scan")]
     assert stacked_ln and all(r.shape[1:] == (1, 1, D) for r in stacked_ln)  # ln_1/ln_2 weights per layer
