@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from jaxremat.memory import compiled_stats, device_peak_bytes, gpu_available, saved_residuals
+from jaxremat.survival import count_dots
 from jaxremat.model import _check_tokens, loss_fn
 from jaxremat.reverse_loop import reverse_loop_value_and_grad
 from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig, check_params, param_shapes
@@ -167,7 +168,8 @@ def run_schedule(
         dicts of numpy), ``residual_bytes`` (int, non-argument saved residual bytes of
         ``loss_fn`` in device memory), ``offloaded_bytes`` (int, those in host memory), ``residuals`` (list of dicts: shape, dtype, bytes, description,
         is_argument), ``peak_bytes`` (int, XLA compiled memory of the jitted loss+grad step, in
-        both modes), ``peak_source``, ``peak_breakdown`` (dict of bytes), ``step_time_s``
+        both modes), ``peak_source``, ``peak_breakdown`` (dict of bytes), ``dots_compiled`` (matrix products in the compiled
+        program's text), ``step_time_s``
         (median seconds of one training step -- loss+gradients then the AdamW update
         -- ``time.perf_counter`` around ``block_until_ready``), ``reverse_loop_grads`` (canonical dict or None), ``mode``, and
         ``device_peak`` (dict, only on a GPU backend).
@@ -227,6 +229,7 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
     out["peak_bytes"] = int(mem["peak_bytes"])
     out["peak_source"] = f"{mem['source']} of jit(value_and_grad(loss_fn))"
     out["peak_breakdown"] = {k: v for k, v in mem.items() if k != "source"}
+    out["dots_compiled"] = count_dots(compiled_vg.as_text(), optimized=True)  # recompute present or merged away
     if gpu_available():
         out["device_peak"] = device_peak_bytes(progs.value_and_grad_jit, params, tokens, key)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 REPORT_FILES = ("report.json", "report.md")
 _UMASK = os.umask(0)
@@ -159,7 +160,7 @@ def print_tables(report: dict, console: Console | None = None) -> None:
     for col in columns:
         t.add_column(col, justify="right" if col not in ("framework", "mode", "dtype", "schedule", "status") else "left")
     for c, row in zip(report["cases"], rows):
-        style = {"pass": None, "fail": "red", "error": "bold red"}.get(c["status"])
+        style = {"pass": None, "fail": "red", "no_saving": "red", "error": "bold red"}.get(c["status"])
         t.add_row(*row, style=style)
     console.print(t)
     if report.get("peer"):
@@ -179,6 +180,16 @@ def print_tables(report: dict, console: Console | None = None) -> None:
     for c in report["cases"]:
         if c["status"] == "error":
             console.print(f"[bold red]error[/] {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: {c['error']}")
+        if c["status"] == "no_saving":
+            console.print(Text(f"no saving: {no_saving_line(c)}", style="red"))
+
+
+def no_saving_line(c: dict) -> str:
+    """One line for a ``no_saving`` case: which plan, its measured peak activation ratio, and why."""
+    sv = c.get("saving") or {}
+    ratio = sv.get("peak_activation_ratio")
+    return (f"{c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: peak activation "
+            f"{'?' if ratio is None else f'{ratio:.2f}'} x none's; {sv.get('cause')}")
 
 
 def _md_table(columns, rows) -> str:
@@ -245,6 +256,12 @@ def markdown(report: dict) -> str:
                   "what was measured; the model leaves out single-op working buffers and allocator behaviour.", ""]
         parts += [f"- {c['framework']}/{c['mode']} {c['dtype']} {c['schedule']}: {'; '.join(c['prediction_flags'])}"
                   for c in flagged] + [""]
+    unsaved = [c for c in report["cases"] if c["status"] == "no_saving"]
+    if unsaved:
+        parts += ["## Plans that did not save memory", "",
+                  "These plans keep fewer activations than `none` but their measured peak activation is not "
+                  "below `none`'s (status `no_saving`; the run exits 1):", ""]
+        parts += [f"- {no_saving_line(c)}" for c in unsaved] + [""]
     errors = [c for c in report["cases"] if c["status"] == "error"]
     if errors:
         parts += ["## Errors", ""] + [f"- {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: `{c['error']}`" for c in errors] + [""]

@@ -26,6 +26,7 @@ from .models import ModelPreset
 from .names_check import expected_names, measured_names
 from .predictions import attach_predictions
 from .pretrained import preset_inputs
+from .saving import attach_saving
 
 SCHEMA_VERSION = 2
 
@@ -288,6 +289,8 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
                         _fill_case(case, res, ref)
                         case["compared_with"] = "none"
                     attach_predictions(case, framework, cfg, suite.preset.batch_size, suite.preset.seq_len, plan, res)
+                    if name != "none":
+                        attach_saving(case, framework, cfg, suite.preset.batch_size, suite.preset.seq_len, plan, res, ref)
                     results[(framework, mode, name)] = res
                 except Exception as exc:  # recorded, and the suite goes on
                     case["status"] = "error"

@@ -136,19 +136,21 @@ class Segments:
 
 @dataclasses.dataclass(frozen=True)
 class Sqrt:
-    """``sqrt``: ``segments(s)`` with ``s = max(1, round(sqrt(N)))`` (Chen et al. 2016).
+    """``sqrt``: ``segments(s)`` with ``s = round(sqrt(N))``, at least 2 for N >= 2 (Chen et al. 2016).
 
     Rounding: ``round`` to the nearest integer (``sqrt(N)`` is never exactly half-way for an
-    integer N), then split as :class:`Segments` does. N = 64 gives 8 segments of 8 blocks.
+    integer N), then split as :class:`Segments` does. N = 64 gives 8 segments of 8 blocks. At
+    N = 2, ``round(sqrt(2)) = 1`` would checkpoint nothing; two 1-layer segments (peak: one
+    boundary and one layer, against two layers without remat) are used instead.
     """
 
     name = "sqrt"
 
     @staticmethod
     def n_segments(n_layer: int) -> int:
-        """Number of segments ``max(1, round(sqrt(n_layer)))``."""
+        """Number of segments ``round(sqrt(n_layer))``, at least ``min(2, n_layer)``."""
         _check_depth(n_layer)
-        return max(1, round(math.sqrt(n_layer)))
+        return max(min(2, n_layer), round(math.sqrt(n_layer)))
 
     def segments_for(self, n_layer: int) -> tuple[Segment, ...]:
         return Segments(self.n_segments(n_layer)).segments_for(n_layer)

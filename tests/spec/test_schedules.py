@@ -88,7 +88,9 @@ def test_recompute_and_boundaries():
 def test_segments_split_like_checkpoint_sequential():
     assert segments(3).segments_for(8) == (Segment(0, 2, True), Segment(2, 4, True), Segment(4, 8, False))
     assert segments(1).segments_for(5) == none.segments_for(5)
-    assert sqrt.segments_for(2) == none.segments_for(2)  # round(sqrt(2)) = 1
+    # round(sqrt(2)) = 1 would checkpoint nothing: sqrt keeps at least two segments
+    assert sqrt.segments_for(2) == (Segment(0, 1, True), Segment(1, 2, False))
+    assert sqrt.segments_for(1) == none.segments_for(1)
     assert every_k(3).segments_for(7) == (Segment(0, 3, True), Segment(3, 6, True), Segment(6, 7, True))
     assert every_k(9).segments_for(4) == (Segment(0, 4, True),)
 
