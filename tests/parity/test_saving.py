@@ -1,0 +1,86 @@
+"""parity.saving: a plan that promises a saving its measured peak does not realize fails the run."""
+
+from jaxremat.spec import TransformerConfig
+from jaxremat.spec.plan import parse_plan
+from parity.models import get_preset
+from parity.saving import STATUS, attach_saving
+from parity.suite import SuiteConfig, report_passed, run_suite
+
+CFG = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
+REF = {"residual_bytes": 1000, "peak_bytes": 10_000, "peak_breakdown": {"step_increase": 8000}, "dots_compiled": 40}
+
+
+def _case(plan, res, framework="torch"):
+    case = {"status": "pass", "schedule": plan}
+    attach_saving(case, framework, CFG, 2, 8, parse_plan(plan), res, REF)
+    return case
+
+
+def test_realized_saving_passes():
+    case = _case("full", {"residual_bytes": 200, "peak_bytes": 6000, "peak_breakdown": {"step_increase": 4000}})
+    assert case["status"] == "pass"
+    assert case["saving"]["promised"] and case["saving"]["realized"] and case["saving"]["cause"] is None
+    assert case["saving"]["peak_activation_ratio"] == 0.5
+
+
+def test_promised_but_not_realized_is_no_saving_with_a_cause():
+    case = _case("every_k(2)", {"residual_bytes": 300, "peak_bytes": 10_000, "peak_breakdown": {"step_increase": 8000}})
+    assert case["status"] == STATUS and case["saving"]["realized"] is False
+    assert "the recompute is in the program" in case["saving"]["cause"]
+
+
+def test_whole_stack_segment_is_blamed_on_the_schedule():
+    # every_k(4) at N=4: one checkpointed segment over the whole stack, recomputed at once
+    case = _case("every_k(4)", {"residual_bytes": 100, "peak_bytes": 10_500, "peak_breakdown": {"step_increase": 8500}})
+    assert case["status"] == STATUS
+    assert case["saving"]["predicted_peak_activation_ratio"] >= 1.0
+    assert "predicts no saving at N=4" in case["saving"]["cause"]
+
+
+def test_jax_recompute_merged_away_is_named():
+    res = {"residual_bytes": 200, "peak_bytes": REF["peak_bytes"], "dots_compiled": 40}
+    case = _case("full", res, framework="jax")
+    assert case["status"] == STATUS and "XLA removed the recompute" in case["saving"]["cause"]
+
+
+def test_no_promise_no_judgement_and_a_failed_case_stays_failed():
+    same = {"residual_bytes": 1000, "peak_bytes": 10_000, "peak_breakdown": {"step_increase": 8000}}
+    case = _case("full+save_everything", same)
+    assert case["status"] == "pass" and case["saving"]["promised"] is False and case["saving"]["realized"] is None
+    case = {"status": "fail", "schedule": "full"}
+    attach_saving(case, "torch", CFG, 2, 8, parse_plan("full"), {**same, "residual_bytes": 10}, REF)
+    assert case["status"] == "fail" and case["saving"]["realized"] is False
+
+
+def test_suite_records_the_realized_saving_of_each_case():
+    suite = SuiteConfig(name="quick", preset=get_preset("gpt-tiny"), schedules=("every_k(2)",),
+                        frameworks=("torch",), timing_repeats=1)
+    report = run_suite(suite)
+    case = next(c for c in report["cases"] if c["schedule"] == "every_k(2)")
+    assert case["status"] == "pass" and case["saving"]["realized"] and case["saving"]["peak_activation_ratio"] < 1.0
+    assert report_passed(report)
+
+
+def test_jax_whole_stack_segment_measured_is_no_saving():
+    """Real compiled memory: every_k(2) at N=2 recomputes the whole stack at once and saves nothing."""
+    import numpy as np
+
+    from jaxremat.spec import AdamWConfig, init_params, parse_schedule
+    from parity import jax_runner
+
+    cfg = CFG.replace(n_layer=2)
+    params = init_params(cfg, seed=0)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.max_seq_len + 1))
+
+    def run(name):
+        plan = parse_plan(name)
+        return jax_runner.run_schedule(cfg, params, tokens, plan.schedule, mode="jit", hparams=AdamWConfig(),
+                                       timing_repeats=1, with_reverse_loop=False, seed=0, with_training=False,
+                                       policy=plan.policy)
+
+    ref = run("none")
+    for name, expect in (("every_k(2)", STATUS), ("sqrt", "pass")):
+        case = {"status": "pass", "schedule": name}
+        attach_saving(case, "jax", cfg, 2, cfg.max_seq_len, parse_plan(name), run(name), ref)
+        assert case["status"] == expect, (name, case["saving"])
+    assert parse_schedule("sqrt").segments_for(2)[0].checkpointed
