@@ -41,6 +41,7 @@ from jax import lax
 from jaxremat.memory import compiled_stats
 from jaxremat.model import block_forward, block_params_of, cross_entropy, embed, head, loss_fn
 from jaxremat.spec import TransformerConfig, init_params, param_shapes, parse_schedule
+from jaxremat.spec import activation_model as am
 from jaxremat.spec.plan import parse_plan
 
 SCHEDULES = ("none", "full", "every_k(2)", "sqrt")
@@ -98,7 +99,8 @@ def measure(n: int, d: int, batch: int, seq: int, with_torch: bool) -> list[dict
     for name in SCHEDULES:
         schedule = parse_schedule(name)
         rows.append({"framework": "jax", "variant": f"jaxremat:{name}",
-                     **_jax_row(lambda p, t, s=schedule: loss_fn(p, t, cfg, s), params, tokens, pb)})
+                     **_jax_row(lambda p, t, s=schedule: loss_fn(p, t, cfg, s), params, tokens, pb),
+                     "predicted_peak_activation_bytes": am.predict_peak_activation_bytes("jax", cfg, batch, seq, schedule)})
     split = _unstacked(params, n)
     for kind in BASELINES:
         p = split if kind.startswith("unrolled") else params
@@ -109,7 +111,9 @@ def measure(n: int, d: int, batch: int, seq: int, with_torch: bool) -> list[dict
         for name in SCHEDULES:
             got = measure_torch(cfg, tokens_np, parse_plan(name), repeats=1)
             rows.append({"framework": "torch", "variant": f"torchref:{name}", "temp_bytes": None,
-                         "peak_activation_bytes": got["peak_activation_bytes"]})
+                         "peak_activation_bytes": got["peak_activation_bytes"],
+                         "predicted_peak_activation_bytes": am.predict_peak_activation_bytes(
+                             "torch", cfg, batch, seq, parse_schedule(name))})
     ref = next(r for r in rows if r["variant"] == "unrolled")["peak_activation_bytes"]
     for r in rows:
         r.update(n_layer=n, d_model=d, batch=batch, seq=seq, param_bytes=pb,
@@ -133,10 +137,13 @@ def _print(rows: list[dict]) -> None:
         d, b, n = cfg_key
         sel = [r for r in rows if key(r) == cfg_key]
         print(f"\nN={n} D={d} B={b} T={sel[0]['seq']}  parameters {sel[0]['param_bytes'] / 1e6:.2f} MB")
-        print(f"  {'variant':<22}{'temp MB':>10}{'peak act MB':>13}{'/ unrolled':>12}")
+        print(f"  {'variant':<22}{'temp MB':>10}{'peak act MB':>13}{'pred MB':>10}{'/ unrolled':>12}")
         for r in sel:
             temp = "-" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 1e6:.2f}"
-            print(f"  {r['variant']:<22}{temp:>10}{r['peak_activation_bytes'] / 1e6:>13.2f}{r['ratio_to_unrolled']:>12.2f}")
+            pred = r.get("predicted_peak_activation_bytes")
+            pred = "-" if pred is None else f"{pred / 1e6:.2f}"
+            print(f"  {r['variant']:<22}{temp:>10}{r['peak_activation_bytes'] / 1e6:>13.2f}{pred:>10}"
+                  f"{r['ratio_to_unrolled']:>12.2f}")
         sys.stdout.flush()
 
 

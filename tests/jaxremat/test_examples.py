@@ -1,4 +1,4 @@
-"""The README's "Use it in your own Flax model" example is examples/flax_nnx_remat.py and runs."""
+"""The README's JAX examples run as printed (the Flax one is examples/flax_nnx_remat.py)."""
 
 import os
 import pathlib
@@ -23,3 +23,14 @@ def test_readme_flax_example_is_the_example_file_and_prints_true():
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True", out.stdout + out.stderr
+
+
+def test_readme_survival_check_example_prints_true_true_none():
+    section = (ROOT / "README.md").read_text().split("## Using the schedules in your own JAX code\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    code = next(b for b in blocks if "survival_check" in b)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "None"], out.stdout + out.stderr
