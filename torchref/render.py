@@ -16,6 +16,21 @@ State updated in the forward pass (BatchNorm running statistics, counters) is up
 step, as without remat: every checkpointed function is wrapped by
 :class:`torchref.forward_state.ForwardState`, whose recomputes run on the pre-forward buffers
 and leave the module state as the forward pass left it (plain ``checkpoint`` updates it twice).
+
+Early stop is off in every checkpoint (``early_stop=False``; ``set_checkpoint_early_stop(False)``
+around ``checkpoint_sequential``). With early stop, torch ends a recompute as soon as the last
+tensor the backward needs has been saved again, by raising from the saved-tensor hook *at the
+save*. An op that saves a tensor and then writes it in place -- ``rrelu_with_noise`` (``nn.RReLU``,
+``F.rrelu`` in training mode) saves its ``noise`` buffer, created empty, before its kernel fills
+it -- is stopped between the two: the backward reads the uninitialised buffer (NaN or 1e37
+gradients that change from run to run). Off, the recompute runs each segment to its end, the
+kernel fills the buffer, and every plan is bitwise (``tests/torchref/test_user_block.py``). The
+cost, measured by ``python -m torchref.early_stop_cost``: the ops after a segment's last save run
+again (for the GPT block, the MLP's down-projection and the residual add: 3 more ATen ops per
+segment in the backward pass); docs/framework-differences.md, section 10.
+
+Blocks may be modules or callables over modules, with extra arguments given to every block
+(:func:`forward_blocks`); a plan may be given as a string ``"SCHEDULE+POLICY"``.
 """
 
 from __future__ import annotations
@@ -36,8 +51,16 @@ from .model import GPT, compute_context, lm_loss, split_tokens, torch_dtype
 from .policies import SelectiveCheckpoint
 
 CheckpointInputHook = Callable[[torch.Tensor], None]
-# Early stop off in every checkpoint: see the module docstring (ops that write their noise in place).
-CHECKPOINT_KWARGS = {"use_reentrant": False, "preserve_rng_state": True, "early_stop": False}
+EARLY_STOP = False
+"""Checkpoint early stop, off in every checkpoint (module docstring: ops that write a saved tensor in
+place). Only :mod:`torchref.early_stop_cost` turns it on, to measure what off costs; nested outer
+segments run with it off either way."""
+
+
+def _checkpoint(fn: Callable, x: torch.Tensor, early_stop: Optional[bool] = None, **kwargs) -> torch.Tensor:
+    """``torch.utils.checkpoint.checkpoint`` non-reentrant, RNG state preserved, early stop as :data:`EARLY_STOP`."""
+    return checkpoint(fn, x, use_reentrant=False, preserve_rng_state=True,
+                      early_stop=EARLY_STOP if early_stop is None else early_stop, **kwargs)
 
 
 def _bind(block: Callable, args: tuple, kwargs: dict) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -83,7 +106,7 @@ def _forward_checkpoint_sequential(
     stateful = [ForwardState([b]).wrap(f) if i in checkpointed else f for i, (b, f) in enumerate(zip(blocks, bound))]
     functions = [reporting(f) if i in starts else f for i, f in enumerate(stateful)]
     try:
-        with set_checkpoint_early_stop(False):  # checkpoint_sequential takes no early_stop argument
+        with set_checkpoint_early_stop(EARLY_STOP):  # checkpoint_sequential takes no early_stop argument
             return checkpoint_sequential(functions, n_segments, x, use_reentrant=False, preserve_rng_state=True)
     finally:
         active = False
@@ -105,7 +128,7 @@ def _checkpointed(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
     if sac is not None and not sac.checkpoints:  # save_everything: keep what autograd keeps
         return run(x)
     kwargs = {"context_fn": sac.context_fn} if sac is not None and sac.selective else {}
-    return checkpoint(ForwardState(blocks).wrap(run), x, **CHECKPOINT_KWARGS, **kwargs)
+    return _checkpoint(ForwardState(blocks).wrap(run), x, **kwargs)
 
 
 def forward_blocks(
@@ -176,11 +199,11 @@ def forward_blocks(
         if seg.inner is None:
             x = _checkpointed(run, x, sac, blocks[seg.start:seg.stop])
         else:
-            # Early stop off (as everywhere): it would end the outer recompute once the last inner
-            # boundary exists, so the last inner segment would be rebuilt from the outer forward's
-            # graph, without the policy.
+            # Early stop off, whatever EARLY_STOP says: it would end the outer recompute once the last
+            # inner boundary exists, so the last inner segment would be rebuilt from the outer
+            # forward's graph, without the policy.
             body = _nested_segment(blocks[seg.start:seg.stop], seg.inner, sac, block_args, block_kwargs)
-            x = checkpoint(ForwardState(blocks[seg.start:seg.stop]).wrap(body), x, **CHECKPOINT_KWARGS)
+            x = _checkpoint(ForwardState(blocks[seg.start:seg.stop]).wrap(body), x, early_stop=False)
     if linted:
         check_selective(sac)
     return x
