@@ -176,10 +176,16 @@ def forward_blocks(
     """
     schedule, policy = resolve_plan(schedule, policy)
     blocks = list(blocks)
+    schedule.segments_for(len(blocks))  # ValueError when invalid for N, before any lint
+    check_no_effect(schedule, policy, len(blocks))
+    return _forward(blocks, x, schedule, block_args, block_kwargs, _as_selective(policy), on_checkpoint_input)
+
+
+def _forward(blocks: list, x: torch.Tensor, schedule: Schedule, block_args: tuple, block_kwargs: dict,
+             sac: Optional[SelectiveCheckpoint], on_checkpoint_input: Optional[CheckpointInputHook]) -> torch.Tensor:
+    """:func:`forward_blocks` after the plan is resolved (nested segments call it for their interior)."""
     bound = [_bind(b, block_args, block_kwargs) for b in blocks]
     segs = schedule.segments_for(len(blocks))
-    check_no_effect(schedule, policy, len(blocks))
-    sac = _as_selective(policy)
     plain_policy = sac is None or (sac.checkpoints and not sac.selective)
     if isinstance(schedule, (Segments, Sqrt)) and plain_policy:
         starts = {s.start for s in segs if s.checkpointed}
@@ -224,7 +230,7 @@ def _nested_segment(blocks: Sequence[Callable], inner: Schedule, sac: Optional[S
         nonlocal calls
         calls += 1
         first = calls == 1 and sac is not None and sac.checkpoints and sac.selective
-        return forward_blocks(blocks, x, inner, *block_args, policy=None if first else sac, **block_kwargs)
+        return _forward(list(blocks), x, inner, block_args, block_kwargs, None if first else sac, None)
 
     return run
 

@@ -63,6 +63,9 @@ def resolve_plan(schedule: Any, policy: Any = None) -> tuple[Any, Any]:
 def no_effect_message(schedule: Any, policy: Any, n_layer: int, where: str) -> str | None:
     """The warning for a policy on a schedule that checkpoints no segment at depth N, or None.
 
+    For nested schedules the policy acts in the inner segments: it has no effect when no inner
+    segment of any checkpointed outer segment is checkpointed.
+
     Args:
         schedule: the schedule value.
         policy: the policy as given (None, a name, a spec Policy or a framework policy object).
@@ -71,12 +74,20 @@ def no_effect_message(schedule: Any, policy: Any, n_layer: int, where: str) -> s
     """
     if policy is None or (isinstance(policy, (str, Policy)) and parse_policy(policy).saves_nothing):
         return None
-    if any(s.checkpointed for s in schedule.segments_for(n_layer)):
+    if _policy_applies(schedule, n_layer):
         return None
     name = getattr(policy, "name", None) or getattr(policy, "__name__", None) or repr(policy)
     return (f"{where}: policy {name!r} has no effect: schedule {schedule.name} checkpoints no segment at "
             f"n_layer={n_layer}, so nothing is recomputed; drop the policy or use a schedule that checkpoints "
             f"(e.g. 'full+{name}')")
+
+
+def _policy_applies(schedule: Any, n_layer: int) -> bool:
+    """True when some segment the policy acts in is checkpointed (for nested: an inner segment)."""
+    for seg in schedule.segments_for(n_layer):
+        if seg.checkpointed and (seg.inner is None or _policy_applies(seg.inner, seg.length)):
+            return True
+    return False
 
 
 def unmatched_message(where: str, policy_name: str, missing: list[str], kept_any: bool, how_to_tag: str) -> str:
