@@ -9,7 +9,8 @@ the GPT model, one training step (forward + backward) per measurement:
 
 * peak bytes of a step (:func:`torchref.memory.peak_step_bytes`: ``MemTracker`` on CPU, the CUDA
   counters on a GPU), once per setting (deterministic);
-* ATen ops run in the backward pass (a ``TorchDispatchMode`` counting them): the extra recompute;
+* ATen ops and FLOPs run in the backward pass (a ``TorchDispatchMode`` counting ops,
+  ``torch.utils.flop_counter.FlopCounterMode`` counting matmul FLOPs): the extra recompute;
 * step time, the two settings interleaved (off, on, off, on, ...) so that load on a shared machine
   falls on both alike; medians and min-max of ``--repeats`` steps each.
 
@@ -26,6 +27,7 @@ import time
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from jaxremat.spec import TransformerConfig, init_params
 from jaxremat.spec.plan import parse_plan
@@ -45,7 +47,7 @@ class _OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _step(model, tokens, plan, early_stop: bool, count: _OpCount | None = None) -> None:
+def _step(model, tokens, plan, early_stop: bool, count=None) -> None:
     model.zero_grad(set_to_none=True)
     render.EARLY_STOP = early_stop
     try:
@@ -71,9 +73,11 @@ def measure(plan_text: str, cfg: TransformerConfig, batch: int, repeats: int) ->
         _step(model, tokens, plan, early)  # warm-up
         out[f"peak_bytes_early_stop_{'on' if early else 'off'}"] = peak_step_bytes(
             lambda: _step(model, tokens, plan, early), model).peak_bytes
-        count = _OpCount()
+        count, flops = _OpCount(), FlopCounterMode(display=False)
         _step(model, tokens, plan, early, count)
+        _step(model, tokens, plan, early, flops)
         out[f"backward_ops_early_stop_{'on' if early else 'off'}"] = count.ops
+        out[f"backward_flops_early_stop_{'on' if early else 'off'}"] = flops.get_total_flops()
     for _ in range(repeats):
         for early in (False, True):
             t0 = time.perf_counter()
@@ -84,6 +88,7 @@ def measure(plan_text: str, cfg: TransformerConfig, batch: int, repeats: int) ->
         out[f"step_time_s_early_stop_{key}"] = statistics.median(ts)
         out[f"step_time_s_range_early_stop_{key}"] = [min(ts), max(ts)]
     out["peak_off_over_on"] = out["peak_bytes_early_stop_off"] / out["peak_bytes_early_stop_on"]
+    out["backward_flops_off_over_on"] = out["backward_flops_early_stop_off"] / out["backward_flops_early_stop_on"]
     out["time_off_over_on"] = out["step_time_s_early_stop_off"] / out["step_time_s_early_stop_on"]
     return out
 

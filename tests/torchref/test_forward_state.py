@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from jaxremat.spec import full, none
+from jaxremat.spec.plan import parse_plan
 from torchref.forward_state import StateWriteError, modules_of
 from torchref.render import forward_blocks
 
@@ -58,7 +60,8 @@ def _train(plan: str, as_callables=None):
         x = torch.randn(B, D, generator=torch.Generator().manual_seed(step))
         opt.zero_grad()
         stack = as_callables(blocks) if as_callables else [functools.partial(b, scale=0.5) for b in blocks]
-        forward_blocks(stack, x, plan).square().mean().backward()
+        p = parse_plan(plan)  # schedule and policy values: the callables, not the plan strings, are tested here
+        forward_blocks(stack, x, p.schedule, policy=p.policy).square().mean().backward()
         grads.append([p.grad.clone() for p in blocks.parameters()])
         opt.step()
     return blocks, grads
@@ -115,5 +118,5 @@ def test_callable_writing_state_outside_any_module_is_refused():
 
     x = torch.randn(B, D)
     with pytest.raises(StateWriteError, match=r"pass the nn.Module itself, functools.partial\(module"):
-        forward_blocks([counting, counting], x, "full")
-    assert forward_blocks([counting, counting], x, "none").shape == x.shape  # nothing recomputed: allowed
+        forward_blocks([counting, counting], x, full)
+    assert forward_blocks([counting, counting], x, none).shape == x.shape  # nothing recomputed: allowed

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from jaxremat.spec import TransformerConfig, init_params
+from jaxremat.spec import TransformerConfig, full, init_params
+from jaxremat.spec.plan import parse_plan
 from jaxremat.spec.policies import POLICIES
 from torchref.lint import RematPolicyWarning
 from torchref.model import GPT
@@ -45,9 +46,12 @@ class ScaleBlock(nn.Module):
         return x + torch.tanh(x * self.w)
 
 
-def _run(blocks, plan, **kw):
+def _run(blocks, plan, policy=None):
+    """``plan`` as schedule and policy values (plan strings are tested in test_render_args.py)."""
     x = torch.randn(4, D)
-    forward_blocks(blocks, x, plan, **kw).sum().backward()
+    p = parse_plan(plan)
+    policy = policy if policy is not None else (None if p.policy.saves_nothing else p.policy)
+    forward_blocks(blocks, x, p.schedule, policy=policy).sum().backward()
 
 
 def _no_warning(fn):
@@ -102,4 +106,4 @@ def test_model_blocks_never_warn(policy):
     cfg = TransformerConfig(vocab_size=32, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
     model = GPT.from_params(cfg, init_params(cfg, seed=0))
     tokens = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(0))
-    _no_warning(lambda: model_loss(model, tokens, "full", policy=policy).backward())
+    _no_warning(lambda: model_loss(model, tokens, full, policy=policy).backward())
