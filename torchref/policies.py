@@ -20,9 +20,17 @@ instead of running it; every op that is not saved runs again, even when nothing 
 Offload: outputs of offloaded ops are copied to host memory (pinned when the source is a CUDA
 tensor) as they are cached, and copied back to their device when the recompute asks for them.
 The cache is PyTorch's own selective-checkpoint storage (``torch.utils.checkpoint``, torch
-2.13): both modes returned by ``create_selective_checkpoint_contexts`` share one ``storage``
-attribute, which is replaced by an offloading one; ``tests/torchref/test_policies.py`` fails if
-that internal changes.
+2.13): the forward mode (a subclass of torch's ``_CachingTorchDispatchMode``) and the recompute
+mode returned by ``create_selective_checkpoint_contexts`` share one offloading ``storage``;
+``tests/torchref/test_policies.py`` fails if that internal changes.
+
+Several recomputes of one segment. torch marks a cache entry ``_CONSUMED`` when the recompute
+reads it, so a second recompute (``torch.autograd.grad`` inside the block, a double backward, a
+second ``backward(retain_graph=True)``) raised "Trying to backward an extra time". The entries are
+kept instead (freed with the checkpoint's saved tensors), and a recompute that starts while the
+segment's forward is still running -- a gradient taken inside the block -- runs every op as a plain
+checkpoint's recompute, with caching paused (:class:`_Recompute`), since the cache is not complete
+yet. ``tests/torchref/test_user_block.py`` checks all three cases bitwise against no remat.
 
 ``save_everything`` is rendered as no checkpoint at all (autograd keeps what it keeps without
 remat). A policy that keeps ``block_input`` cannot be rendered: torch replays a checkpointed
