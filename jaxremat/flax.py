@@ -43,8 +43,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
-from .flax_checks import (BUILD_HINT, LINEN_HINT, check_carry, check_declared_shapes, check_linen_shapes,
-                          check_one_layer, check_stacked)
+from .flax_checks import (BUILD_HINT, LINEN_HINT, BlockContractError, check_carry, check_declared_shapes,
+                          check_linen_shapes, check_one_layer, check_stacked)
 from .lint import check_plan, plan_checked
 from .policies import to_jax_policy
 from .render import remat_scan
@@ -188,7 +188,7 @@ def _check_unwritten(before: list, after: nnx.State) -> None:
     written = ["/".join(map(str, p)) for (p, old), (_, v) in zip(before, a)
                if [id(x) for x in old] != [id(x) for x in jax.tree.leaves(v)]]
     if written or len(before) != len(a):
-        raise ValueError(f"the block wrote variables during its call: {written or 'new variables'}. A layer of a "
+        raise BlockContractError(f"the block wrote variables during its call: {written or 'new variables'}. A layer of a "
                          "stack runs as a pure function inside lax.scan and its writes cannot be stacked back; "
                          "only RNG counters are written back. Keep such state fixed during the stacked call "
                          "(e.g. nnx.BatchNorm(use_running_average=True)) or update it outside the stack")
@@ -304,7 +304,7 @@ def _linen_block_fn(block: nn.Module, mutable: list, apply_kwargs: dict) -> Call
         except flax.errors.ModifyScopeVariableError as exc:
             col = re.search(r'collection "([^"]+)"', str(exc))
             col = col.group(1) if col else "COLLECTION"
-            raise ValueError(
+            raise BlockContractError(
                 f"the block writes collection {col!r} during its call (e.g. nn.BatchNorm in training mode); pass "
                 f"mutable=[{col!r}] to linen_remat_stack to get (carry, updated) back, each layer's {col} taken "
                 f"once from the forward pass under every schedule, or run the block without writing it "

@@ -30,6 +30,11 @@ LINEN_HINT = ("stack each leaf on a leading layer axis N (linen_init_stack(block
               "nn.scan/nn.vmap with variable_axes={'params': 0})")
 
 
+class BlockContractError(ValueError):
+    """A layer of the stack broke what a stacked call needs of it (it changed the carry's shapes or
+    dtypes, or wrote a variable); raised as it is, never read as a sign of an unstacked stack."""
+
+
 def check_stacked(tree: Any, what: str, hint: str) -> int:
     """The common leading axis N of every array leaf of ``tree``; ValueError naming the odd ones."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -46,10 +51,10 @@ def check_stacked(tree: Any, what: str, hint: str) -> int:
 
 
 def check_carry(before: Any, after: Any) -> None:
-    """ValueError when a block changed the carry's structure, shapes or dtypes."""
+    """:class:`BlockContractError` when a block changed the carry's structure, shapes or dtypes."""
     sig = lambda t: jax.tree.map(lambda a: (tuple(jnp.shape(a)), str(getattr(a, "dtype", type(a).__name__))), t)
     if jax.tree.structure(before) != jax.tree.structure(after) or sig(before) != sig(after):
-        raise ValueError(f"the block must return a carry of the same structure, shapes and dtypes as its input; "
+        raise BlockContractError(f"the block must return a carry of the same structure, shapes and dtypes as its input; "
                          f"got {sig(before)} -> {sig(after)} (a stack of blocks threads one carry through "
                          "every layer: project to another shape before or after the stack)")
 
@@ -97,11 +102,14 @@ def check_one_layer(layer_fn: Callable[[Any], Any], whole_fn: Callable[[Any], An
         carry: the carry entering layer 0.
 
     Raises:
+        BlockContractError: layer 0 changed the carry or wrote a variable (re-raised as it is).
         ValueError: the stack looks unstacked (chained to the layer's own error).
         Exception: the layer's own error, re-raised, when the stack does not run as one block either.
     """
     try:
         jax.eval_shape(layer_fn, state)
+    except BlockContractError:  # the layer ran on its slice and broke the contract: say that, as it is
+        raise
     except Exception as exc:
         try:
             out = jax.eval_shape(whole_fn, state)

@@ -99,3 +99,24 @@ def test_stacked_linen_variables_with_n_equal_d_still_run():
     x = jnp.ones((3, D))
     variables = linen_init_stack(Dense(), jax.random.key(0), x, D)  # kernel (D, D, D)
     assert linen_remat_stack(Dense(), variables, x, "full").shape == x.shape
+
+
+class CountingScale(nnx.Module):
+    """``x * scale``, counting its calls in a variable: it writes state, which a stack refuses."""
+
+    def __init__(self, *, rngs):
+        self.scale = nnx.Param(jnp.ones(D))
+        self.calls = nnx.BatchStat(jnp.zeros((), jnp.int32))
+
+    def __call__(self, x):
+        self.calls[...] += 1
+        return x * self.scale
+
+
+def test_stacked_block_that_writes_state_is_not_called_unstacked():
+    """A stacked block whose whole stack also runs as one block (x of shape (N, D) broadcasts with
+    the stacked scale (N, D)) and whose layer writes a variable: the error is the write, as it is."""
+    n = 4
+    with pytest.raises(ValueError, match=r"wrote variables during its call: \['calls'\]") as info:
+        remat_stack(stacked(lambda r: CountingScale(rngs=r), n), jnp.ones((n, D)), "full")
+    assert "not stacked" not in str(info.value)
