@@ -30,6 +30,9 @@ from jaxremat.spec import every_k, full, none, sqrt
 N, B, D = 4, 4, 16
 SCHEDULES = [full, every_k(2), sqrt]
 SLOW = pytest.mark.jaxremat_slow
+# remat_scan keywords for the forward-mode (jax.jvp) tests: a renderer that supports reverse mode
+# only takes the jax.checkpoint route here (e.g. {"method": "checkpoint"}).
+FORWARD_MODE = {}
 
 
 def _p(*values, slow=False):
@@ -47,8 +50,8 @@ def _inputs(dtype=jnp.float32):
     return ws, x, v
 
 
-def _stack(schedule):
-    return lambda ws, x: remat_scan(tanh_block, ws, x, schedule).sum()
+def _stack(schedule, **remat_kw):
+    return lambda ws, x: remat_scan(tanh_block, ws, x, schedule, **remat_kw).sum()
 
 
 def _unrolled(checkpointed: bool):
@@ -95,13 +98,15 @@ def test_first_order_and_hvp_are_bitwise_under_jit_with_two_layer_segments(sched
     ws, x, v = _inputs()
     grad = lambda s: jax.grad(lambda w: _stack(s)(w, x))
     assert bits.equal(_call("jit", grad(schedule), ws), _call("jit", grad(none), ws))
-    assert bits.equal(_call("jit", _hvp(_stack(schedule), x, v), ws), _call("jit", _hvp(_stack(none), x, v), ws))
+    hvp = lambda s: _hvp(_stack(s, **FORWARD_MODE), x, v)
+    assert bits.equal(_call("jit", hvp(schedule), ws), _call("jit", hvp(none), ws))
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: s.name)
 def test_hvp_forward_over_reverse_is_bitwise_op_by_op(schedule, bits):
     ws, x, v = _inputs()
-    assert bits.equal(_call("eager", _hvp(_stack(schedule), x, v), ws), _call("eager", _hvp(_stack(none), x, v), ws))
+    hvp = lambda s: _hvp(_stack(s, **FORWARD_MODE), x, v)
+    assert bits.equal(_call("eager", hvp(schedule), ws), _call("eager", hvp(none), ws))
 
 
 CASES = {s.name: (_stack(s), _stack(none)) for s in SCHEDULES} | {"jax.checkpoint": (_unrolled(True), _unrolled(False))}
