@@ -34,32 +34,38 @@ Source: ``jax.checkpoint`` + ``jax.lax.scan``; Chen et al. 2016, arXiv:1604.0617
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import re
+from typing import Any, Callable, Sequence
 
+import flax.errors
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
+from .flax_checks import (BUILD_HINT, LINEN_HINT, BlockContractError, check_carry, check_declared_shapes,
+                          check_linen_shapes, check_one_layer, check_stacked)
+from .lint import check_plan, plan_checked
 from .policies import to_jax_policy
 from .render import remat_scan
-from .spec.schedules import Schedule, parse_schedule
+from .spec.lint import resolve_plan
+from .spec.schedules import Schedule
 
 __all__ = ["RematStack", "linen_init_stack", "linen_remat_stack", "remat_stack", "resolve_policy",
            "resolve_schedule"]
-
-_BUILD_HINT = ("build the stack with nnx.vmap over the block constructor, e.g. "
-               "nnx.split_rngs(splits=N)(nnx.vmap(make_block, in_axes=(0,), out_axes=0))(rngs), "
-               "so that every variable (parameters and RNG keys/counters) has a leading axis N")
 
 
 def resolve_schedule(schedule: Schedule | str) -> Schedule:
     """A :mod:`jaxremat.spec.schedules` value, or a name such as ``"sqrt"``, ``"every_k(2)"``.
 
     Raises:
-        ValueError: unknown name (the message lists the valid ones).
+        ValueError: unknown name (the message lists the valid ones), or a plan with a policy
+            (``"sqrt+save_dots"``; :func:`remat_stack` takes those).
     """
-    return parse_schedule(schedule) if isinstance(schedule, str) else schedule
+    value, policy = resolve_plan(schedule)
+    if policy is not None:
+        raise ValueError(f"{schedule!r} names a policy; give the schedule here and the policy as policy=")
+    return value
 
 
 def resolve_policy(policy: Any) -> Callable[..., bool] | None:
@@ -74,30 +80,6 @@ def resolve_policy(policy: Any) -> Callable[..., bool] | None:
         ValueError: unknown policy name (from ``jaxremat.policies.to_jax_policy``).
     """
     return to_jax_policy(policy)
-
-
-def _check_stacked(tree: Any, what: str, hint: str) -> int:
-    """The common leading axis N of every array leaf of ``tree``; ValueError naming the odd ones."""
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    if not flat:
-        raise ValueError(f"{what} has no arrays; {hint}")
-    lead = {jax.tree_util.keystr(p): (a.shape[0] if getattr(a, "ndim", 0) >= 1 else None) for p, a in flat}
-    sizes = [s for s in lead.values() if s is not None]
-    if len(set(sizes)) == 1 and None not in lead.values():
-        return sizes[0]
-    n = max(set(sizes), key=sizes.count) if sizes else None
-    odd = {k: (jnp.shape(a)) for (p, a), k in zip(flat, lead) if lead[k] != n}
-    raise ValueError(f"{what} is not stacked on one leading layer axis: most leaves have leading size {n}, "
-                     f"but these do not (path: shape): {odd}; {hint}")
-
-
-def _check_carry(before: Any, after: Any) -> None:
-    """ValueError when a block changed the carry's structure, shapes or dtypes."""
-    sig = lambda t: jax.tree.map(lambda a: (tuple(jnp.shape(a)), str(getattr(a, "dtype", type(a).__name__))), t)
-    if jax.tree.structure(before) != jax.tree.structure(after) or sig(before) != sig(after):
-        raise ValueError(f"the block must return a carry of the same structure, shapes and dtypes as its input; "
-                         f"got {sig(before)} -> {sig(after)} (a stack of blocks threads one carry through "
-                         "every layer: project to another shape before or after the stack)")
 
 
 def _default_call(layer, carry, layer_xs):
@@ -120,14 +102,15 @@ def remat_stack(
             RNG keys and counters, any other state), e.g. built with ``nnx.vmap`` over the
             block's constructor and ``nnx.split_rngs(splits=N)``.
         x: the carry entering layer 0, e.g. a ``(B, T, D)`` float array (any pytree).
-        schedule: a :mod:`jaxremat.spec.schedules` value or its name (``"none"``, ``"full"``,
-            ``"every_k(2)"``, ``"sqrt"``, ``"segments(4)"``).
+        schedule: a :mod:`jaxremat.spec.schedules` value, its name (``"none"``, ``"full"``,
+            ``"every_k(2)"``, ``"sqrt"``, ``"segments(4)"``) or a plan ``"SCHEDULE+POLICY"``.
         policy: what a checkpointed segment may keep besides its input: None (nothing), a
             ``jax.checkpoint_policies`` callable, or a policy name / spec policy (see
             :func:`resolve_policy`).
         xs: optional per-layer inputs (pytree, leading axis N), e.g. your own dropout keys.
         call: ``(layer, carry, layer_xs) -> carry`` for one layer; default ``layer(carry)``, or
-            ``layer(carry, layer_xs)`` when ``xs`` is given.
+            ``layer(carry, layer_xs)`` when ``xs`` is given. Extra arguments for every layer
+            (masks, positions): close over them, ``call=lambda m, h, _: m(h, mask)``.
 
     Returns:
         The carry after the N layers (same structure, shapes and dtypes as ``x``). The stack's
@@ -135,23 +118,48 @@ def remat_stack(
 
     Raises:
         ValueError: the stack (or ``xs``) is not stacked on one leading axis N (the message names
-            the odd variables); the schedule is invalid for N (e.g. ``segments(s)`` with s > N);
+            the odd variables), or is one block, unstacked (a Flax layer holding a variable of the
+            shape it declares for one layer, or a layer that fails on its slice while the whole
+            stack runs as one block; :mod:`jaxremat.flax_checks`); the schedule is invalid for N
+            (e.g. ``segments(s)`` with s > N), or a policy is given twice (plan and ``policy=``);
             a layer returns a carry of another shape or dtype; a layer writes a variable other
             than its RNG counters (e.g. BatchNorm running statistics: call it with
             ``use_running_average=True``), which a scanned pure layer cannot write back.
 
+    Warns:
+        RematPolicyWarning: the policy keeps nothing it names in this block (no kept
+            ``checkpoint_name`` tag; no matrix product without batch dimensions under a
+            ``jax.vmap``), or the schedule checkpoints nothing (:func:`jaxremat.lint.check_plan`).
+
     Source: :func:`jaxremat.render.remat_scan`; ``flax.nnx.split`` / ``merge`` / ``update``.
     """
-    schedule = resolve_schedule(schedule)
+    schedule, policy = resolve_plan(schedule, policy)
     jax_policy = resolve_policy(policy)
     call = call or _default_call
+    check_declared_shapes(stack)
     graphdef, counts, rest = nnx.split(stack, nnx.RngCount, ...)
-    n_layer = _check_stacked((counts, rest), "stack", _BUILD_HINT)
+    n_layer = check_stacked((counts, rest), "stack", BUILD_HINT)
     if xs is not None:
-        n_xs = _check_stacked(xs, "xs", "give every per-layer input a leading axis N")
+        n_xs = check_stacked(xs, "xs", "give every per-layer input a leading axis N")
         if n_xs != n_layer:
             raise ValueError(f"xs has leading axis {n_xs} but the stack has {n_layer} layers")
     schedule.segments_for(n_layer)  # ValueError here, before tracing, when invalid for N
+    block_fn = _nnx_block_fn(graphdef, call)
+    delta0 = jax.tree.map(lambda c: jnp.zeros(c.shape[1:], c.dtype), counts)
+    first = lambda t: jax.tree.map(lambda a: a[0], t)
+    check_one_layer(lambda a: block_fn(first(a[0]), a[1], None if a[2] is None else first(a[2])),
+                    lambda a: call(nnx.merge(graphdef, *a[0], copy=True), a[1][0], a[2]),
+                    ((counts, rest), (x, delta0), xs), x)
+    check_plan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=policy, where="remat_stack")
+    with plan_checked():
+        out, delta = remat_scan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=jax_policy)
+    if jax.tree.leaves(counts):
+        nnx.update(stack, jax.tree.map(lambda c, d: c + d, counts, delta))
+    return out
+
+
+def _nnx_block_fn(graphdef: Any, call: Callable) -> Callable:
+    """``(layer_state, (carry, counter deltas), layer_xs) -> (carry, counter deltas)`` for remat_scan."""
 
     def block_fn(layer_state, carry, layer_xs):
         h, _ = carry
@@ -161,18 +169,14 @@ def remat_stack(
         rest_in = [(p, jax.tree.leaves(v)) for p, v in rest_in]
         layer = nnx.merge(graphdef, layer_counts, layer_rest, copy=True)
         out = call(layer, h, layer_xs)
-        _check_carry(h, out)
+        check_carry(h, out)
         _, new_counts, new_rest = nnx.split(layer, nnx.RngCount, ...)
         _check_unwritten(rest_in, new_rest)
         delta = jax.tree.unflatten(jax.tree.structure(new_counts),
                                    [new - old for new, old in zip(jax.tree.leaves(new_counts), counts_in)])
         return out, delta
 
-    delta0 = jax.tree.map(lambda c: jnp.zeros(c.shape[1:], c.dtype), counts)
-    out, delta = remat_scan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=jax_policy)
-    if jax.tree.leaves(counts):
-        nnx.update(stack, jax.tree.map(lambda c, d: c + d, counts, delta))
-    return out
+    return block_fn
 
 
 def _check_unwritten(before: list, after: nnx.State) -> None:
@@ -184,7 +188,7 @@ def _check_unwritten(before: list, after: nnx.State) -> None:
     written = ["/".join(map(str, p)) for (p, old), (_, v) in zip(before, a)
                if [id(x) for x in old] != [id(x) for x in jax.tree.leaves(v)]]
     if written or len(before) != len(a):
-        raise ValueError(f"the block wrote variables during its call: {written or 'new variables'}. A layer of a "
+        raise BlockContractError(f"the block wrote variables during its call: {written or 'new variables'}. A layer of a "
                          "stack runs as a pure function inside lax.scan and its writes cannot be stacked back; "
                          "only RNG counters are written back. Keep such state fixed during the stacked call "
                          "(e.g. nnx.BatchNorm(use_running_average=True)) or update it outside the stack")
@@ -233,12 +237,13 @@ def linen_remat_stack(
     rngs: dict[str, jax.Array] | None = None,
     policy: Any = None,
     xs: Any = None,
+    mutable: Sequence[str] | str = (),
     **apply_kwargs,
 ) -> Any:
     """Run ``x`` through N layers of a Linen ``block`` with stacked ``variables`` under a schedule.
 
     Layer i computes ``block.apply(variables[i], carry, [xs[i],] rngs={name: keys[name][i]},
-    **apply_kwargs)``, where ``keys[name] = jax.random.split(rngs[name], N)``.
+    [mutable=mutable,] **apply_kwargs)``, where ``keys[name] = jax.random.split(rngs[name], N)``.
 
     Args:
         block: an unbound Linen module for one layer; it maps the carry to a carry of the same
@@ -246,35 +251,82 @@ def linen_remat_stack(
         variables: that block's variables (e.g. ``{"params": ...}``), every leaf with leading
             axis N (:func:`linen_init_stack`, or an ``nn.scan`` ed submodule's variables).
         x: the carry entering layer 0 (any pytree of arrays).
-        schedule: schedule value or name, as in :func:`remat_stack`.
+        schedule: schedule value, name or plan ``"SCHEDULE+POLICY"``, as in :func:`remat_stack`.
         rngs: optional ``{collection: key}`` (e.g. ``{"dropout": key}``); each key is split into
             one key per layer, scanned with the parameters, so the recompute redraws the forward's masks.
         policy: as in :func:`remat_stack`.
         xs: optional per-layer inputs (leading axis N), passed as the second positional argument.
+        mutable: collections the block writes (e.g. ``["batch_stats"]`` for ``nn.BatchNorm`` in
+            training mode), as in ``block.apply``. Each layer's updated collections come out once,
+            from the forward pass (:func:`jaxremat.render.remat_scan` ``with_outputs``), so running
+            statistics are updated once per step under every schedule.
         **apply_kwargs: static keyword arguments of ``block.__call__`` (e.g. ``train=True``).
 
     Returns:
-        The carry after the N layers.
+        The carry after the N layers; with ``mutable``, ``(carry, updated)``, ``updated`` the
+        written collections with a leading axis N (``{"batch_stats": ...}``; merge them into
+        ``variables`` for the next step).
 
     Raises:
-        ValueError: ``variables``/``xs`` not stacked on one leading axis N, an invalid schedule for
-            N, or a block that changes the carry's shapes or dtypes. Linen's own error if the block
-            writes a collection (``apply`` runs with ``mutable=False``).
+        ValueError: ``variables``/``xs`` not stacked on one leading axis N (or not stacked at all:
+            a leaf of the shape ``block.init`` gives one layer), an invalid schedule for N, a block
+            that changes the carry's shapes or dtypes, or a block that writes a collection not in
+            ``mutable`` (the message names it and says to pass ``mutable=[...]``).
+
+    Warns:
+        RematPolicyWarning: as :func:`remat_stack`.
     """
-    schedule = resolve_schedule(schedule)
+    schedule, policy = resolve_plan(schedule, policy)
     jax_policy = resolve_policy(policy)
-    n_layer = _check_stacked(variables, "variables", "stack each leaf on a leading layer axis N "
-                             "(linen_init_stack, or nn.scan/nn.vmap with variable_axes={'params': 0})")
-    if xs is not None and _check_stacked(xs, "xs", "give every per-layer input a leading axis N") != n_layer:
+    mutable = [mutable] if isinstance(mutable, str) else list(mutable)
+    n_layer = check_stacked(variables, "variables", LINEN_HINT)
+    if xs is not None and check_stacked(xs, "xs", "give every per-layer input a leading axis N") != n_layer:
         raise ValueError(f"xs leading axis differs from the {n_layer} stacked layers")
     schedule.segments_for(n_layer)
+    _check_linen_unstacked(block, variables, x, xs, rngs, apply_kwargs)
     layer_keys = {name: jax.random.split(k, n_layer) for name, k in (rngs or {}).items()}
+    block_fn = _linen_block_fn(block, mutable, apply_kwargs)
+    check_plan(block_fn, variables, x, schedule, xs=(layer_keys, xs), policy=policy, with_outputs=bool(mutable),
+               where="linen_remat_stack")
+    with plan_checked():
+        return remat_scan(block_fn, variables, x, schedule, xs=(layer_keys, xs), policy=jax_policy,
+                          with_outputs=bool(mutable))
+
+
+def _linen_block_fn(block: nn.Module, mutable: list, apply_kwargs: dict) -> Callable:
+    """``(layer_vars, carry, (keys, layer_xs)) -> carry`` (``(carry, updated)`` with ``mutable``)."""
 
     def block_fn(layer_vars, carry, layer_in):
         keys, layer_xs = layer_in
         args = (carry,) if layer_xs is None else (carry, layer_xs)
-        out = block.apply(layer_vars, *args, rngs=keys or None, **apply_kwargs)
-        _check_carry(carry, out)
-        return out
+        try:
+            result = block.apply(layer_vars, *args, rngs=keys or None, mutable=mutable or False, **apply_kwargs)
+        except flax.errors.ModifyScopeVariableError as exc:
+            col = re.search(r'collection "([^"]+)"', str(exc))
+            col = col.group(1) if col else "COLLECTION"
+            raise BlockContractError(
+                f"the block writes collection {col!r} during its call (e.g. nn.BatchNorm in training mode); pass "
+                f"mutable=[{col!r}] to linen_remat_stack to get (carry, updated) back, each layer's {col} taken "
+                f"once from the forward pass under every schedule, or run the block without writing it "
+                f"(e.g. use_running_average=True)") from exc
+        out = result[0] if mutable else result
+        check_carry(carry, out)
+        return result
 
-    return remat_scan(block_fn, variables, x, schedule, xs=(layer_keys, xs), policy=jax_policy)
+    return block_fn
+
+
+def _check_linen_unstacked(block: nn.Module, variables: Any, x: Any, xs: Any, rngs: Any, apply_kwargs: dict) -> None:
+    """ValueError when ``variables`` hold one layer's shapes (``block.init`` traced, nothing computed)."""
+    first = None if xs is None else jax.tree.map(lambda a: a[0], xs)
+
+    def init(key, carry, layer_xs):
+        args = (carry,) if layer_xs is None else (carry, layer_xs)
+        streams = {"params": key, "dropout": key, **{name: key for name in rngs or {}}}
+        return block.init(streams, *args, **apply_kwargs)
+
+    try:
+        expected = jax.eval_shape(init, jax.random.key(0), x, first)
+    except Exception:  # a block whose init needs more than this: no declared shapes to compare
+        return
+    check_linen_shapes(variables, expected)

@@ -20,9 +20,17 @@ instead of running it; every op that is not saved runs again, even when nothing 
 Offload: outputs of offloaded ops are copied to host memory (pinned when the source is a CUDA
 tensor) as they are cached, and copied back to their device when the recompute asks for them.
 The cache is PyTorch's own selective-checkpoint storage (``torch.utils.checkpoint``, torch
-2.13): both modes returned by ``create_selective_checkpoint_contexts`` share one ``storage``
-attribute, which is replaced by an offloading one; ``tests/torchref/test_policies.py`` fails if
-that internal changes.
+2.13): the forward mode (a subclass of torch's ``_CachingTorchDispatchMode``) and the recompute
+mode returned by ``create_selective_checkpoint_contexts`` share one offloading ``storage``;
+``tests/torchref/test_policies.py`` fails if that internal changes.
+
+Several recomputes of one segment. torch marks a cache entry ``_CONSUMED`` when the recompute
+reads it, so a second recompute (``torch.autograd.grad`` inside the block, a double backward, a
+second ``backward(retain_graph=True)``) raised "Trying to backward an extra time". The entries are
+kept instead (freed with the checkpoint's saved tensors), and a recompute that starts while the
+segment's forward is still running -- a gradient taken inside the block -- runs every op as a plain
+checkpoint's recompute, with caching paused (:class:`_Recompute`), since the cache is not complete
+yet. ``tests/torchref/test_user_block.py`` checks all three cases bitwise against no remat.
 
 ``save_everything`` is rendered as no checkpoint at all (autograd keeps what it keeps without
 remat). A policy that keeps ``block_input`` cannot be rendered: torch replays a checkpointed
@@ -36,6 +44,7 @@ from collections import defaultdict
 from typing import Any
 
 import torch
+import torch.utils.checkpoint as _checkpoint
 from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
@@ -90,18 +99,87 @@ class _HostCopy:
         return self.val.to(self.device, non_blocking=True)
 
 
+_CONSUMED = getattr(_checkpoint, "_CONSUMED", None)  # torch's mark for a cache entry the recompute took
+
+
 class _OffloadingEntries(dict):
-    """Per-op cache of one checkpoint: entries flagged by the policy go to host memory."""
+    """Per-op cache of one checkpoint: entries flagged by the policy go to host memory.
+
+    An entry is kept when the recompute reads it (torch marks it consumed), so that a second
+    recompute of the same segment -- ``torch.autograd.grad`` inside the block, a double backward
+    (``create_graph=True``), ``retain_graph=True`` -- reads the forward's values again, as a plain
+    checkpoint recomputes them again. The cache lives as long as the checkpoint's saved tensors
+    (it is freed with them once the segment's backward has run), and reading an entry returns the
+    same tensor, so no memory is added.
+    """
 
     def __init__(self, owner: "SelectiveCheckpoint"):
         super().__init__()
         self._owner = owner
 
     def __setitem__(self, idx, entry):
+        if entry is _CONSUMED and idx in self:
+            return
         if self._owner._offload_next:
             self._owner._offload_next = False
             entry = tree_map(lambda w: _HostCopy(w) if hasattr(w, "val") else w, entry)
         super().__setitem__(idx, entry)
+
+
+class _ForwardCache(_checkpoint._CachingTorchDispatchMode):
+    """Torch's caching mode of the forward pass, which knows when it is active and can be paused.
+
+    Paused, it runs ops without caching them: a recompute that happens *during* the forward pass
+    (``torch.autograd.grad`` inside the block) must not add entries to the cache being filled.
+    """
+
+    def __init__(self, policy_fn, storage):
+        super().__init__(policy_fn, storage)
+        self.active = 0
+        self.paused = 0
+
+    def __enter__(self):
+        self.active += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self.active -= 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.paused:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class _Recompute:
+    """The recompute context: torch's cached mode, or a plain recompute while the forward is running.
+
+    A gradient taken inside the block's forward pass recomputes the segment before the forward
+    has cached all its ops; that recompute runs as a plain checkpoint's does (every op again, the
+    caching paused), and the backward pass's recompute later reads the full cache.
+    """
+
+    def __init__(self, cached, forward: _ForwardCache):
+        self.cached, self.forward = cached, forward
+        self.storage = cached.storage
+        self._entered: list[bool] = []
+
+    def __enter__(self):
+        plain = self.forward.active > 0
+        self._entered.append(plain)
+        if plain:
+            self.forward.paused += 1
+            return self
+        return self.cached.__enter__()
+
+    def __exit__(self, *exc):
+        if self._entered.pop():
+            self.forward.paused -= 1
+            return False
+        return self.cached.__exit__(*exc)
 
 
 class SelectiveCheckpoint:
@@ -132,6 +210,12 @@ class SelectiveCheckpoint:
         self.record = record
         self.records: list[SavedRecord] = []
         self._offload_next = False
+        self.start_lint()
+
+    def start_lint(self) -> None:
+        """Reset what :func:`torchref.lint.check_selective` reads: regions seen, ops saved."""
+        self.lint_seen: set[str] = set()
+        self.lint_saved = 0
 
     @property
     def checkpoints(self) -> bool:
@@ -165,6 +249,9 @@ class SelectiveCheckpoint:
     def policy_fn(self, ctx, op, *args, **kwargs) -> CheckpointPolicy:
         """The selective-checkpoint policy function (called once per op in the forward pass)."""
         save, offload = self._decide(op)
+        if current_name() is not None:
+            self.lint_seen.add(current_name())
+        self.lint_saved += save
         if not save:
             return CheckpointPolicy.PREFER_RECOMPUTE
         self._offload_next = offload
@@ -179,13 +266,14 @@ class SelectiveCheckpoint:
 
     def context_fn(self):
         """``(forward_context, recompute_context)`` for one ``checkpoint`` call."""
-        fwd, rec = create_selective_checkpoint_contexts(self.policy_fn)
-        if not (hasattr(fwd, "storage") and hasattr(rec, "storage")):
-            raise RuntimeError("this torch version's selective-checkpoint modes have no 'storage'; "
-                               "torchref.policies needs torch 2.13's layout")
+        _, rec = create_selective_checkpoint_contexts(self.policy_fn)
+        if not hasattr(rec, "storage") or _CONSUMED is None:
+            raise RuntimeError("this torch version's selective-checkpoint modes have no 'storage' or '_CONSUMED' "
+                               "mark; torchref.policies needs torch 2.13's layout")
         storage = defaultdict(lambda: _OffloadingEntries(self))
-        fwd.storage = rec.storage = storage
-        return fwd, rec
+        rec.storage = storage
+        fwd = _ForwardCache(self.policy_fn, storage)
+        return fwd, _Recompute(rec, fwd)
 
     def kept_bytes(self) -> int:
         """Bytes cached on the device by the recorded forward passes."""

@@ -16,27 +16,61 @@ State updated in the forward pass (BatchNorm running statistics, counters) is up
 step, as without remat: every checkpointed function is wrapped by
 :class:`torchref.forward_state.ForwardState`, whose recomputes run on the pre-forward buffers
 and leave the module state as the forward pass left it (plain ``checkpoint`` updates it twice).
+
+Early stop is off in every checkpoint (``early_stop=False``; ``set_checkpoint_early_stop(False)``
+around ``checkpoint_sequential``). With early stop, torch ends a recompute as soon as the last
+tensor the backward needs has been saved again, by raising from the saved-tensor hook *at the
+save*. An op that saves a tensor and then writes it in place -- ``rrelu_with_noise`` (``nn.RReLU``,
+``F.rrelu`` in training mode) saves its ``noise`` buffer, created empty, before its kernel fills
+it -- is stopped between the two: the backward reads the uninitialised buffer (NaN or 1e37
+gradients that change from run to run). Off, the recompute runs each segment to its end, the
+kernel fills the buffer, and every plan is bitwise (``tests/torchref/test_user_block.py``). The
+cost, measured by ``python -m torchref.early_stop_cost``: the ops after a segment's last save run
+again (for the GPT block, the MLP's down-projection and the residual add: 3 more ATen ops per
+segment in the backward pass); docs/framework-differences.md, section 10.
+
+Blocks may be modules or callables over modules, with extra arguments given to every block
+(:func:`forward_blocks`); a plan may be given as a string ``"SCHEDULE+POLICY"``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential, set_checkpoint_early_stop
 
 from jaxremat.spec import Schedule, Segments, Sqrt
+from jaxremat.spec.lint import resolve_plan
 from jaxremat.spec.policies import Policy
 
 from .forward_state import ForwardState
+from .lint import check_no_effect, check_selective
 from .model import GPT, compute_context, lm_loss, split_tokens, torch_dtype
 from .policies import SelectiveCheckpoint
 
 CheckpointInputHook = Callable[[torch.Tensor], None]
+EARLY_STOP = False
+"""Checkpoint early stop, off in every checkpoint (module docstring: ops that write a saved tensor in
+place). Only :mod:`torchref.early_stop_cost` turns it on, to measure what off costs; nested outer
+segments run with it off either way."""
 
 
-def _run_segment(blocks: Sequence[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
+def _checkpoint(fn: Callable, x: torch.Tensor, early_stop: Optional[bool] = None, **kwargs) -> torch.Tensor:
+    """``torch.utils.checkpoint.checkpoint`` non-reentrant, RNG state preserved, early stop as :data:`EARLY_STOP`."""
+    return checkpoint(fn, x, use_reentrant=False, preserve_rng_state=True,
+                      early_stop=EARLY_STOP if early_stop is None else early_stop, **kwargs)
+
+
+def _bind(block: Callable, args: tuple, kwargs: dict) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``block`` with the extra arguments of every block bound: ``x -> block(x, *args, **kwargs)``."""
+    if not args and not kwargs:
+        return block
+    return lambda x: block(x, *args, **kwargs)
+
+
+def _run_segment(blocks: Sequence[Callable]) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function applying ``blocks`` in order (the body of one segment)."""
 
     def run(x: torch.Tensor) -> torch.Tensor:
@@ -48,10 +82,11 @@ def _run_segment(blocks: Sequence[nn.Module]) -> Callable[[torch.Tensor], torch.
 
 
 def _forward_checkpoint_sequential(
-    blocks: list[nn.Module], x: torch.Tensor, n_segments: int, starts: set[int],
+    blocks: list, bound: list, x: torch.Tensor, n_segments: int, starts: set[int],
     on_checkpoint_input: Optional[CheckpointInputHook], checkpointed: set[int] = frozenset(),
 ) -> torch.Tensor:
-    """``checkpoint_sequential`` over ``blocks``, reporting each checkpointed segment's input once.
+    """``checkpoint_sequential`` over ``bound`` (the blocks with their extra arguments bound),
+    reporting each checkpointed segment's input once.
 
     The block that opens a checkpointed segment is wrapped so that it reports its input during this
     forward call only (not again when the segment is recomputed in the backward pass). Blocks in
@@ -59,7 +94,7 @@ def _forward_checkpoint_sequential(
     """
     active = True
 
-    def reporting(block: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    def reporting(block: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
         def run(inp: torch.Tensor) -> torch.Tensor:
             if active and on_checkpoint_input is not None:
                 on_checkpoint_input(inp)
@@ -68,10 +103,11 @@ def _forward_checkpoint_sequential(
         return run
 
     # Blocks of checkpointed segments run once in the forward pass and again in the recompute.
-    stateful = [ForwardState([b]).wrap(b) if i in checkpointed else b for i, b in enumerate(blocks)]
+    stateful = [ForwardState([b]).wrap(f) if i in checkpointed else f for i, (b, f) in enumerate(zip(blocks, bound))]
     functions = [reporting(f) if i in starts else f for i, f in enumerate(stateful)]
     try:
-        return checkpoint_sequential(functions, n_segments, x, use_reentrant=False, preserve_rng_state=True)
+        with set_checkpoint_early_stop(EARLY_STOP):  # checkpoint_sequential takes no early_stop argument
+            return checkpoint_sequential(functions, n_segments, x, use_reentrant=False, preserve_rng_state=True)
     finally:
         active = False
 
@@ -83,31 +119,37 @@ def _as_selective(policy) -> Optional[SelectiveCheckpoint]:
 
 
 def _checkpointed(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-                  sac: Optional[SelectiveCheckpoint], modules: Sequence[nn.Module] = ()) -> torch.Tensor:
+                  sac: Optional[SelectiveCheckpoint], blocks: Sequence[Callable] = ()) -> torch.Tensor:
     """``run(x)`` under non-reentrant checkpoint, selective when the policy keeps anything.
 
-    ``modules`` are the segment's modules, whose buffers the recompute must not update again
+    ``blocks`` are the segment's blocks, whose buffers the recompute must not update again
     (:class:`torchref.forward_state.ForwardState`).
     """
     if sac is not None and not sac.checkpoints:  # save_everything: keep what autograd keeps
         return run(x)
     kwargs = {"context_fn": sac.context_fn} if sac is not None and sac.selective else {}
-    return checkpoint(ForwardState(modules).wrap(run), x, use_reentrant=False, preserve_rng_state=True, **kwargs)
+    return _checkpoint(ForwardState(blocks).wrap(run), x, **kwargs)
 
 
 def forward_blocks(
-    blocks: Sequence[nn.Module], x: torch.Tensor, schedule: Schedule, *,
+    blocks: Sequence[Callable], x: torch.Tensor, schedule: "Schedule | str", *block_args: Any,
     policy: "Policy | str | SelectiveCheckpoint | None" = None,
     on_checkpoint_input: Optional[CheckpointInputHook] = None,
+    **block_kwargs: Any,
 ) -> torch.Tensor:
-    """Run ``x`` through ``blocks`` under ``schedule`` (``schedule.segments_for(len(blocks))``).
+    """Run ``x`` through ``blocks`` under ``schedule``: ``x = block(x, *block_args, **block_kwargs)``.
 
     Args:
-        blocks: the N blocks of the stack, applied in order; each maps a tensor to a tensor of the
-            same shape (for :class:`torchref.model.Block`, ``(B, T, D)`` in the model dtype).
+        blocks: the N blocks of the stack, applied in order: ``nn.Module`` s, or callables holding
+            them (a function or lambda over a module, ``functools.partial(module, ...)``, a bound
+            ``module.forward``; see :func:`torchref.forward_state.modules_of`). Each maps a tensor
+            to a tensor of the same shape (for :class:`torchref.model.Block`, ``(B, T, D)``).
         x: input of the first block.
-        schedule: a :mod:`jaxremat.spec.schedules` value; nested schedules recompute each
+        schedule: a :mod:`jaxremat.spec.schedules` value, its name (``"sqrt"``, ``"every_k(2)"``)
+            or a plan ``"SCHEDULE+POLICY"`` (``"full+save_dots"``); nested schedules recompute each
             checkpointed outer segment under the inner schedule (nested non-reentrant checkpoints).
+        *block_args: extra positional arguments given to every block after ``x`` (e.g. a
+            ``(B, T)`` attention mask); tensors among them get their gradients as without remat.
         policy: what checkpointed segments keep inside (a policy name, a
             :class:`jaxremat.spec.policies.Policy`, or a :class:`torchref.policies.SelectiveCheckpoint`
             to read its records); None keeps nothing. For nested schedules it applies to the inner
@@ -115,24 +157,46 @@ def forward_blocks(
         on_checkpoint_input: called with the input tensor of each (outer) checkpointed segment,
             once, during this forward pass (e.g.
             :meth:`torchref.memory.SavedActivationRecorder.record_boundary`).
+        **block_kwargs: extra keyword arguments given to every block (e.g. ``positions=pos``).
 
     Returns:
         Output of the last block, same shape and dtype as ``x``.
 
     Raises:
         ValueError: the schedule is invalid for ``len(blocks)`` (e.g. ``segments(s)`` with s > N),
-            or the policy is unknown or cannot be rendered in PyTorch.
+            is not a schedule (a tensor in its place), the policy is unknown, given twice (in the
+            plan and as ``policy=``) or cannot be rendered in PyTorch.
+        torchref.forward_state.StateWriteError: a block given as a callable writes a tensor in
+            place that is no buffer of a module it holds (the recompute would write it again).
+
+    Warns:
+        RematPolicyWarning: the policy keeps nothing it names in these blocks (no op in a kept
+            :func:`torchref.names.activation` region, or no matrix product for ``save_dots``), or
+            the schedule checkpoints nothing (:mod:`torchref.lint`).
     """
+    schedule, policy = resolve_plan(schedule, policy)
     blocks = list(blocks)
+    schedule.segments_for(len(blocks))  # ValueError when invalid for N, before any lint
+    check_no_effect(schedule, policy, len(blocks))
+    return _forward(blocks, x, schedule, block_args, block_kwargs, _as_selective(policy), on_checkpoint_input)
+
+
+def _forward(blocks: list, x: torch.Tensor, schedule: Schedule, block_args: tuple, block_kwargs: dict,
+             sac: Optional[SelectiveCheckpoint], on_checkpoint_input: Optional[CheckpointInputHook]) -> torch.Tensor:
+    """:func:`forward_blocks` after the plan is resolved (nested segments call it for their interior)."""
+    bound = [_bind(b, block_args, block_kwargs) for b in blocks]
     segs = schedule.segments_for(len(blocks))
-    sac = _as_selective(policy)
     plain_policy = sac is None or (sac.checkpoints and not sac.selective)
     if isinstance(schedule, (Segments, Sqrt)) and plain_policy:
         starts = {s.start for s in segs if s.checkpointed}
         inside = {i for s in segs if s.checkpointed for i in range(s.start, s.stop)}
-        return _forward_checkpoint_sequential(blocks, x, len(segs), starts, on_checkpoint_input, inside)
+        return _forward_checkpoint_sequential(blocks, bound, x, len(segs), starts, on_checkpoint_input, inside)
+    linted = sac is not None and sac.checkpoints and sac.selective and any(
+        s.checkpointed and s.inner is None for s in segs)
+    if linted:
+        sac.start_lint()
     for seg in segs:
-        run = _run_segment(blocks[seg.start:seg.stop])
+        run = _run_segment(bound[seg.start:seg.stop])
         if not seg.checkpointed:
             x = run(x)
             continue
@@ -141,17 +205,18 @@ def forward_blocks(
         if seg.inner is None:
             x = _checkpointed(run, x, sac, blocks[seg.start:seg.stop])
         else:
-            # Early stop would end the outer recompute once the last inner boundary exists, so the
-            # last inner segment would be rebuilt from the outer forward's graph, without the policy.
-            with set_checkpoint_early_stop(False):
-                body = _nested_segment(blocks[seg.start:seg.stop], seg.inner, sac)
-                x = checkpoint(ForwardState(blocks[seg.start:seg.stop]).wrap(body), x,
-                               use_reentrant=False, preserve_rng_state=True)
+            # Early stop off, whatever EARLY_STOP says: it would end the outer recompute once the last
+            # inner boundary exists, so the last inner segment would be rebuilt from the outer
+            # forward's graph, without the policy.
+            body = _nested_segment(blocks[seg.start:seg.stop], seg.inner, sac, block_args, block_kwargs)
+            x = _checkpoint(ForwardState(blocks[seg.start:seg.stop]).wrap(body), x, early_stop=False)
+    if linted:
+        check_selective(sac)
     return x
 
 
-def _nested_segment(blocks: Sequence[nn.Module], inner: Schedule,
-                    sac: Optional[SelectiveCheckpoint]) -> Callable[[torch.Tensor], torch.Tensor]:
+def _nested_segment(blocks: Sequence[Callable], inner: Schedule, sac: Optional[SelectiveCheckpoint],
+                    block_args: tuple, block_kwargs: dict) -> Callable[[torch.Tensor], torch.Tensor]:
     """The body of a checkpointed outer segment: its blocks under the inner schedule.
 
     The first call is the outer forward pass, whose interior the outer checkpoint discards; a
@@ -165,7 +230,7 @@ def _nested_segment(blocks: Sequence[nn.Module], inner: Schedule,
         nonlocal calls
         calls += 1
         first = calls == 1 and sac is not None and sac.checkpoints and sac.selective
-        return forward_blocks(blocks, x, inner, policy=None if first else sac)
+        return _forward(list(blocks), x, inner, block_args, block_kwargs, None if first else sac, None)
 
     return run
 

@@ -9,6 +9,7 @@ import functools
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -117,3 +118,63 @@ def test_errors():
         linen_remat_stack(wide, linen_init_stack(wide, KEY, X, 2), X, "full")
     with pytest.raises(ValueError, match="n_layer must be an integer >= 1"):
         linen_init_stack(BLOCK, KEY, X, 0)
+
+
+# ---------------------------------------------------------------- state written in the forward pass (batch_stats)
+class BNBlock(nn.Module):
+    """``x + W2 gelu(W1 bn(x))`` with BatchNorm in training mode (writes ``batch_stats``)."""
+
+    @nn.compact
+    def __call__(self, x):  # (B, T, D)
+        h = nn.BatchNorm(use_running_average=False, momentum=0.9)(x)
+        return x + nn.Dense(D)(nn.gelu(nn.Dense(2 * D)(h)))
+
+
+BN = BNBlock()
+BN_VARS = linen_init_stack(BN, jax.random.key(4), X, N)
+
+
+def _bn_loop(params, stats, x):
+    """No remat: one ``apply(mutable=["batch_stats"])`` per layer."""
+    new = []
+    for i in range(N):
+        layer = {"params": jax.tree.map(lambda a: a[i], params), "batch_stats": jax.tree.map(lambda a: a[i], stats)}
+        x, upd = BN.apply(layer, x, mutable=["batch_stats"])
+        new.append(upd["batch_stats"])
+    return x, jax.tree.map(lambda *a: jnp.stack(a), *new)
+
+
+def _bn_train(schedule, steps: int = 3):
+    """(per-step grads, final batch_stats) of 3 SGD steps; ``schedule="loop"`` is the plain loop."""
+    params, stats, out = BN_VARS["params"], BN_VARS["batch_stats"], []
+    for step in range(steps):
+        x = jax.random.normal(jax.random.key(10 + step), X.shape)
+
+        def loss(p):
+            if schedule == "loop":
+                y, upd = _bn_loop(p, stats, x)
+                return (y * W).sum(), upd
+            y, upd = linen_remat_stack(BN, {"params": p, "batch_stats": stats}, x, schedule, mutable=["batch_stats"])
+            return (y * W).sum(), upd["batch_stats"]
+
+        with jax.disable_jit():
+            (_, stats), g = jax.value_and_grad(loss, has_aux=True)(params)
+        out.append(g)
+        params = jax.tree.map(lambda a, b: a - 0.1 * b, params, g)
+    return out, stats
+
+
+@pytest.mark.parametrize("schedule", ["full", "every_k(2)", pytest.param("sqrt", marks=pytest.mark.jaxremat_slow)])
+def test_batchnorm_training_with_mutable_updates_stats_once_and_bitwise(schedule, bits):
+    ref_grads, ref_stats = _bn_train("loop")
+    grads, stats = _bn_train(schedule)
+    leaves = lambda t: {jax.tree_util.keystr(p): np.asarray(a) for p, a in jax.tree_util.tree_flatten_with_path(t)[0]}
+    bits.assert_tree(leaves(stats), leaves(ref_stats), "batch_stats")
+    for g, r in zip(grads, ref_grads):
+        bits.assert_tree(leaves(g), leaves(r), "grads")
+    assert not bits.equal(jax.tree.leaves(stats)[0], jax.tree.leaves(BN_VARS["batch_stats"])[0])  # they moved
+
+
+def test_batchnorm_training_without_mutable_says_to_pass_it():
+    with pytest.raises(ValueError, match=r"writes collection 'batch_stats'.*mutable=\['batch_stats'\]"):
+        linen_remat_stack(BN, BN_VARS, X, "full")

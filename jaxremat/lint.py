@@ -1,0 +1,210 @@
+"""Plan lint in JAX: warn when a policy will keep nothing it is meant to keep in the given block.
+
+``jax.checkpoint(f, policy=p)`` asks ``p(primitive, *avals, **params)`` for each operation of
+``f``'s jaxpr whether its output may be saved. A policy that answers "recompute" everywhere is
+full remat, and JAX says nothing. :func:`check_plan` traces one layer of the stack the way the
+policy will see it and asks the policy the same questions, before the stack runs:
+
+* a name the policy keeps or offloads that no ``jax.ad_checkpoint.checkpoint_name`` tag in the
+  layer carries (an untagged block of your own) -> :class:`RematPolicyWarning` naming the names;
+* nothing saveable at all -> the warning says so and why: no matrix product, or every matrix
+  product has batch dimensions (``dots_with_no_batch_dims_saveable`` / ``minimal`` under a
+  ``jax.vmap`` that batches both operands, e.g. an ensemble of stacks);
+* a policy on a schedule that checkpoints nothing (``none``) -> the warning says it has no effect.
+
+Batching. Under ``jax.vmap`` the policy sees the *batched* jaxpr when the vmap is applied inside
+the differentiation (``jax.grad(lambda p: jax.vmap(f)(p).sum())``), since ``jax.checkpoint``'s
+partial evaluation then runs on the output of the batching rule; with the vmap outside
+(``jax.vmap(jax.grad(f))``) it sees the unbatched one. The inputs tell which: the vmaps between
+the differentiation and this call appear as batch tracers on top of the inputs. They are
+peeled off (``jax._src.interpreters.batching.BatchTracer``: ``val``, ``batch_dim``) and re-applied
+as ``jax.vmap`` s around the traced layer. A vmap outside a ``jax.jit`` that is inside the stack's
+caller is not visible from here (the jit's inputs are abstract); nor are tracers the block closes over.
+
+The check is best effort: if tracing the layer fails here, nothing is warned (the stack's own
+run raises the error). Source: ``jax.checkpoint`` policies (``jax/_src/ad_checkpoint.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from typing import Any, Callable, Iterator
+
+import jax
+
+from .policies import to_jax_policy
+from .spec.lint import RematPolicyWarning, no_effect_message, unmatched_message
+from .spec.policies import Policy, parse_policy
+
+__all__ = ["RematPolicyWarning", "block_jaxpr", "check_plan", "plan_checked"]
+
+HOW_TO_TAG = "jax.ad_checkpoint.checkpoint_name(value, name)"
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def plan_checked() -> Iterator[None]:
+    """Inside this context :func:`check_plan` does nothing (the caller has checked the plan)."""
+    prev = getattr(_state, "checked", False)
+    _state.checked = True
+    try:
+        yield
+    finally:
+        _state.checked = prev
+
+
+def _batch_chain(leaf: Any) -> tuple[list, Any]:
+    """``([(trace, batch_dim), ...] top to bottom, bottom value)`` of the vmaps on top of ``leaf``."""
+    try:
+        from jax._src.interpreters.batching import BatchTracer
+    except ImportError:  # another JAX layout: no batching seen
+        return [], leaf
+    chain = []
+    while isinstance(leaf, BatchTracer):
+        chain.append((leaf._trace, leaf.batch_dim))
+        leaf = leaf.val
+    return chain, leaf
+
+
+def _depth(trace: Any) -> int:
+    n = 0
+    while trace is not None:
+        n, trace = n + 1, getattr(trace, "parent_trace", None)
+    return n
+
+
+def block_jaxpr(block_fn: Callable, stacked_params: Any, carry: Any, xs: Any = None,
+                with_outputs: bool = False) -> tuple[Any, bool]:
+    """The jaxpr of the layers' scan as ``jax.checkpoint``'s policy will see it, and whether a vmap batches it.
+
+    The layers run as a ``lax.scan`` (as in :func:`jaxremat.render.remat_scan`), so that under
+    ``jax.vmap`` the carry is batched as the stack's is (a scan's carry becomes batched once a
+    layer's output is); the body is traced once whatever N is.
+
+    Args:
+        block_fn: ``(layer_params, carry, layer_xs) -> carry`` (as for :func:`jaxremat.render.remat_scan`).
+        stacked_params: the stacked parameters (leading layer axis N), arrays or tracers.
+        carry: the carry entering layer 0.
+        xs: optional per-layer inputs (leading axis N).
+        with_outputs: ``block_fn`` returns ``(carry, y)``.
+
+    Returns:
+        ``(ClosedJaxpr, batched)``.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten((stacked_params, carry, xs))
+    chains = [_batch_chain(leaf) for leaf in leaves]
+    traces = {id(t): t for chain, _ in chains for t, _ in chain}
+    levels = sorted(traces.values(), key=_depth, reverse=True)  # top (innermost vmap) first
+
+    def probe(params, c, layer_in):  # a scan, as the stack runs: under vmap its carry is batched as there
+        def step(c, layer):
+            out = block_fn(layer[0], c, layer[1])
+            return (out[0] if with_outputs else out), None
+
+        return jax.lax.scan(step, c, (params, layer_in))[0]
+
+    fn = probe
+    for level in levels:  # wrap from the innermost vmap out
+        axes = [dict((id(t), d) for t, d in chain).get(id(level)) for chain, _ in chains]
+        fn = jax.vmap(fn, in_axes=jax.tree_util.tree_unflatten(treedef, axes))
+    structs = [jax.ShapeDtypeStruct(jax.typeof(bottom).shape, jax.typeof(bottom).dtype) for _, bottom in chains]
+    return jax.make_jaxpr(fn)(*jax.tree_util.tree_unflatten(treedef, structs)), bool(levels)
+
+
+def _eqns(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters (scan, pjit, cond, remat)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _eqns(inner)
+
+
+def _saves(answer: Any) -> bool:
+    """A policy's answer read as "saved": True, ``Saveable`` or ``Offloadable`` (not ``Recompute``)."""
+    if isinstance(answer, bool):
+        return answer
+    return type(answer).__name__ != "RecomputeType"
+
+
+def _findings(jaxpr: Any, jax_policy: Callable) -> tuple[set, bool, list]:
+    """(checkpoint_name tags, whether the policy saves any output, batch dims of every dot_general)."""
+    tags, saves, dots = set(), False, []
+    for eqn in _eqns(jaxpr.jaxpr):
+        if eqn.primitive.name == "name":
+            tags.add(eqn.params.get("name"))
+        if eqn.primitive.name == "dot_general":
+            (_, _), (lhs_b, rhs_b) = eqn.params["dimension_numbers"]
+            dots.append(bool(lhs_b or rhs_b))
+        if not saves:
+            try:
+                saves = _saves(jax_policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params))
+            except Exception:  # a policy that cannot judge this op does not save it
+                pass
+    return tags, saves, dots
+
+
+def _nothing_kept(where: str, name: str, spec: Policy | None, dots: list, batched: bool) -> str:
+    if not dots:
+        why = "the block has no matrix product (dot_general)" if spec is None or spec.save_dots or spec.offload_dots \
+            else "no operation of the block matches it"
+    elif all(dots):
+        why = (f"every one of its {len(dots)} matrix products has batch dimensions"
+               + (" (a jax.vmap around the stack batches both operands)" if batched else ""))
+    else:
+        why = "no operation of the block matches it"
+    return (f"{where}: policy {name!r} keeps nothing in this block: {why}, so every checkpointed segment is "
+            "recomputed in full (as save_nothing); choose a policy that matches the block (e.g. save_dots keeps "
+            "batched products too), or tag values with " + HOW_TO_TAG)
+
+
+def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: Any, *, xs: Any = None,
+               policy: Any = None, with_outputs: bool = False, where: str = "remat_scan") -> list[str]:
+    """Warn (:class:`RematPolicyWarning`) where ``policy`` will keep nothing it names in the block.
+
+    Args:
+        block_fn: ``(layer_params, carry, layer_xs) -> carry`` (or ``(carry, y)``), one layer.
+        stacked_params: pytree with a leading layer axis N.
+        carry: the carry entering layer 0.
+        schedule: a :mod:`jaxremat.spec.schedules` value.
+        xs: optional per-layer inputs (leading axis N).
+        policy: None, a policy name, a :class:`jaxremat.spec.policies.Policy` or a raw
+            ``jax.checkpoint`` policy callable.
+        with_outputs: ``block_fn`` returns ``(carry, y)`` (as in ``remat_scan``).
+        where: the API named in the messages.
+
+    Returns:
+        The messages warned (empty when the plan is fine, the policy saves nothing by design, or
+        inside :func:`plan_checked`).
+
+    Raises:
+        ValueError: an unknown policy or activation name (from :func:`jaxremat.policies.to_jax_policy`).
+    """
+    if getattr(_state, "checked", False) or policy is None:
+        return []
+    jax_policy = to_jax_policy(policy)
+    spec = None if callable(policy) and not isinstance(policy, Policy) else parse_policy(policy)
+    if jax_policy is None or jax_policy is jax.checkpoint_policies.nothing_saveable:
+        return []
+    name = spec.name if spec is not None else getattr(policy, "__name__", repr(policy))
+    n_layer = jax.tree_util.tree_leaves(stacked_params)[0].shape[0]
+    message = no_effect_message(schedule, spec or policy, n_layer, where)
+    messages = [message] if message else []
+    if not messages:
+        try:
+            jaxpr, batched = block_jaxpr(block_fn, stacked_params, carry, xs, with_outputs)
+        except Exception:  # best effort: the stack's own run raises what is wrong
+            return []
+        tags, saves, dots = _findings(jaxpr, jax_policy)
+        missing = sorted((spec.save_names | spec.offload_names) - tags) if spec is not None else []
+        if missing:
+            messages.append(unmatched_message(where, name, missing, saves, HOW_TO_TAG))
+        elif not saves:
+            messages.append(_nothing_kept(where, name, spec, dots, batched))
+    for m in messages:
+        warnings.warn(m, RematPolicyWarning, stacklevel=3)
+    return messages

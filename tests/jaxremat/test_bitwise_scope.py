@@ -1,0 +1,166 @@
+"""The scope of "bitwise": what holds and what does not, pinned (XLA:CPU, jax 0.10.2).
+
+Holds: first-order gradients through every schedule equal ``none``'s bits, op by op and under
+``jit`` (here with segments of >= 2 layers); a Hessian-vector product taken forward-over-reverse
+(``jax.jvp`` of ``jax.grad``) is bitwise op by op.
+
+Does not hold (each asserted nonzero, so these tests fail if the behaviour changes):
+
+* reverse-over-reverse second order (a gradient penalty: the gradient of ``|d loss / dx|^2``)
+  through remat differs from no remat by ~2e-7 of the largest entry in float32, op by op and
+  under ``jit``, for our schedules and for plain ``jax.checkpoint`` alike; ~3e-16 in float64. The
+  differentiated program is another program: the outer gradient runs through the recomputed
+  forward too (``tanh`` 3 times per layer instead of once, 15 ``add_any`` instead of 9), so more
+  terms are summed in another order -- rounding, the same math.
+* "bitwise under jit" is against jaxremat's own ``none`` (a scan), not against your Python-unrolled
+  loop of the same layers: XLA compiles the two differently (max 4e-7 of the largest entry here);
+  op by op they are bitwise.
+"""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxremat.render import remat_scan
+from jaxremat.spec import every_k, full, none, sqrt
+
+N, B, D = 4, 4, 16
+SCHEDULES = [full, every_k(2), sqrt]
+SLOW = pytest.mark.jaxremat_slow
+# remat_scan keywords for the forward-mode (jax.jvp) tests: a renderer that supports reverse mode
+# only takes the jax.checkpoint route here (e.g. {"method": "checkpoint"}).
+FORWARD_MODE = {"method": "checkpoint"}  # the default reverse loop (a custom_vjp) has no forward mode
+
+
+def _p(*values, slow=False):
+    return pytest.param(*values, marks=SLOW if slow else (), id="-".join(getattr(v, "name", str(v)) for v in values))
+
+
+def tanh_block(w, x, _):
+    return x + jnp.tanh(x @ w)
+
+
+def _inputs(dtype=jnp.float32):
+    ws = jax.random.normal(jax.random.key(0), (N, D, D), dtype) * 0.3
+    x = jax.random.normal(jax.random.key(1), (B, D), dtype)
+    v = jax.random.normal(jax.random.key(2), (N, D, D), dtype)
+    return ws, x, v
+
+
+def _stack(schedule, **remat_kw):
+    return lambda ws, x: remat_scan(tanh_block, ws, x, schedule, **remat_kw).sum()
+
+
+def _unrolled(checkpointed: bool):
+    def fn(ws, x):
+        for i in range(N):
+            x = (jax.checkpoint(tanh_block) if checkpointed else tanh_block)(ws[i], x, None)
+        return x.sum()
+    return fn
+
+
+def _penalty(fn, x):
+    """Gradient w.r.t. the weights of the gradient penalty ``|d fn / dx|^2`` (reverse over reverse)."""
+    return jax.grad(lambda ws: (jax.grad(lambda h: fn(ws, h))(x) ** 2).sum())
+
+
+def _hvp(fn, x, v):
+    """Hessian-vector product, forward over reverse."""
+    return lambda ws: jax.jvp(jax.grad(lambda w: fn(w, x)), (ws,), (v,))[1]
+
+
+def _mode(mode):
+    return jax.disable_jit() if mode == "eager" else contextlib.nullcontext()
+
+
+def _call(mode, fn, *args):
+    with _mode(mode):
+        return np.asarray((fn if mode == "eager" else jax.jit(fn))(*args))
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("schedule", [_p(full, slow=True), _p(every_k(2)), _p(sqrt, slow=True)])
+def test_first_order_is_bitwise_op_by_op(schedule, bits):
+    ws, x, _ = _inputs()
+    grad = lambda s: jax.grad(lambda w: _stack(s)(w, x))
+    assert bits.equal(_call("eager", grad(schedule), ws), _call("eager", grad(none), ws))
+
+
+@pytest.mark.parametrize("schedule", [_p(every_k(2)), _p(sqrt, slow=True)])
+def test_first_order_and_hvp_are_bitwise_under_jit_with_two_layer_segments(schedule, bits):
+    ws, x, v = _inputs()
+    grad = lambda s: jax.grad(lambda w: _stack(s)(w, x))
+    assert bits.equal(_call("jit", grad(schedule), ws), _call("jit", grad(none), ws))
+    hvp = lambda s: _hvp(_stack(s, **FORWARD_MODE), x, v)
+    assert bits.equal(_call("jit", hvp(schedule), ws), _call("jit", hvp(none), ws))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: s.name)
+def test_hvp_forward_over_reverse_is_bitwise_op_by_op(schedule, bits):
+    ws, x, v = _inputs()
+    hvp = lambda s: _hvp(_stack(s, **FORWARD_MODE), x, v)
+    assert bits.equal(_call("eager", hvp(schedule), ws), _call("eager", hvp(none), ws))
+
+
+CASES = {s.name: (_stack(s), _stack(none)) for s in SCHEDULES} | {"jax.checkpoint": (_unrolled(True), _unrolled(False))}
+DEFAULT_CASES = {("full", "eager"), ("jax.checkpoint", "eager"), ("every_k(2)", "jit")}
+
+
+@pytest.mark.parametrize("name,mode", [_p(n, m, slow=(n, m) not in DEFAULT_CASES) for n in CASES
+                                       for m in ("eager", "jit")])
+def test_gradient_penalty_through_remat_differs_by_rounding(name, mode, bits):
+    remat, plain = CASES[name]
+    ws, x, _ = _inputs()
+    got, ref = _call(mode, _penalty(remat, x), ws), _call(mode, _penalty(plain, x), ws)
+    assert np.isfinite(got).all() and not bits.equal(got, ref)  # not bitwise: the claim's limit
+    assert 0 < _rel(got, ref) < 1e-6 and bits.max_ulp(got, ref) > 0
+    if mode == "eager":
+        with jax.enable_x64(True):  # the same math: float64 agrees to a few ULP
+            ws64, x64, _ = _inputs(jnp.float64)
+            got64 = _call("eager", _penalty(remat, x64), ws64)
+            assert 0 <= _rel(got64, _call("eager", _penalty(plain, x64), ws64)) < 1e-14
+
+
+def ln(x):
+    m = x.mean(-1, keepdims=True)
+    return (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+
+def mlp_block(p, x, _):
+    return x + jax.nn.gelu(ln(x) @ p[0]) @ p[1]
+
+
+def _mlp_case():
+    p = (jax.random.normal(jax.random.key(0), (N, D, 4 * D)) * 0.1,
+         jax.random.normal(jax.random.key(3), (N, 4 * D, D)) * 0.1)
+    x = jax.random.normal(jax.random.key(1), (2, 8, D))
+
+    def unrolled(p):
+        h = x
+        for i in range(N):
+            h = mlp_block((p[0][i], p[1][i]), h, None)
+        return (h ** 2).sum()
+
+    scanned = lambda s: (lambda p: (remat_scan(mlp_block, p, x, s) ** 2).sum())
+    return p, (lambda p: jax.grad(unrolled)(p)[0]), (lambda s: (lambda p: jax.grad(scanned(s))(p)[0]))
+
+
+def test_jit_none_is_not_a_users_unrolled_loop(bits):
+    """Under jit the scanned ``none`` and a Python loop of the same layers are different XLA programs."""
+    p, loop, scan = _mlp_case()
+    loop_g, none_g = _call("jit", loop, p), _call("jit", scan(none), p)
+    assert not bits.equal(loop_g, none_g) and 0 < _rel(loop_g, none_g) < 1e-5
+    assert bits.equal(_call("jit", scan(every_k(2)), p), none_g)  # what "bitwise under jit" means: our own none
+
+
+@SLOW
+def test_op_by_op_none_is_the_users_unrolled_loop(bits):
+    p, loop, scan = _mlp_case()
+    assert bits.equal(_call("eager", loop, p), _call("eager", scan(none), p))
