@@ -76,7 +76,7 @@ def _depth(trace: Any) -> int:
 
 
 def block_jaxpr(block_fn: Callable, stacked_params: Any, carry: Any, xs: Any = None,
-                with_outputs: bool = False) -> tuple[Any, bool]:
+                with_outputs: bool = False, method: str = "reverse_loop") -> tuple[Any, bool]:
     """The jaxpr of the layers' scan as ``jax.checkpoint``'s policy will see it, and whether a vmap batches it.
 
     The layers run as a ``lax.scan`` (as in :func:`jaxremat.render.remat_scan`), so that under
@@ -89,12 +89,17 @@ def block_jaxpr(block_fn: Callable, stacked_params: Any, carry: Any, xs: Any = N
         carry: the carry entering layer 0.
         xs: optional per-layer inputs (leading axis N).
         with_outputs: ``block_fn`` returns ``(carry, y)``.
+        method: the rendering of ``remat_scan``. ``"reverse_loop"`` differentiates inside a
+            ``jax.custom_vjp``, whose rule JAX traces unbatched and batches afterwards, so its
+            policy sees the unbatched layer whatever vmaps surround the stack.
 
     Returns:
         ``(ClosedJaxpr, batched)``.
     """
     leaves, treedef = jax.tree_util.tree_flatten((stacked_params, carry, xs))
     chains = [_batch_chain(leaf) for leaf in leaves]
+    if method == "reverse_loop":
+        chains = [([], bottom) for _, bottom in chains]
     traces = {id(t): t for chain, _ in chains for t, _ in chain}
     levels = sorted(traces.values(), key=_depth, reverse=True)  # top (innermost vmap) first
 
@@ -163,7 +168,8 @@ def _nothing_kept(where: str, name: str, spec: Policy | None, dots: list, batche
 
 
 def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: Any, *, xs: Any = None,
-               policy: Any = None, with_outputs: bool = False, where: str = "remat_scan") -> list[str]:
+               policy: Any = None, with_outputs: bool = False, where: str = "remat_scan",
+               method: str = "reverse_loop") -> list[str]:
     """Warn (:class:`RematPolicyWarning`) where ``policy`` will keep nothing it names in the block.
 
     Args:
@@ -176,6 +182,7 @@ def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: An
             ``jax.checkpoint`` policy callable.
         with_outputs: ``block_fn`` returns ``(carry, y)`` (as in ``remat_scan``).
         where: the API named in the messages.
+        method: the ``remat_scan`` rendering the stack runs with (see :func:`block_jaxpr`).
 
     Returns:
         The messages warned (empty when the plan is fine, the policy saves nothing by design, or
@@ -196,7 +203,7 @@ def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: An
     messages = [message] if message else []
     if not messages:
         try:
-            jaxpr, batched = block_jaxpr(block_fn, stacked_params, carry, xs, with_outputs)
+            jaxpr, batched = block_jaxpr(block_fn, stacked_params, carry, xs, with_outputs, method)
         except Exception:  # best effort: the stack's own run raises what is wrong
             return []
         tags, saves, dots = _findings(jaxpr, jax_policy)

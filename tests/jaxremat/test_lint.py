@@ -63,23 +63,24 @@ def test_partly_tagged_block_names_the_missing_names():
         check_plan(tagged, WS, X, full, policy="attention_only")
 
 
-def _ensemble_grad(policy, per_example: bool = False):
+def _ensemble_grad(policy, per_example: bool = False, method: str = "checkpoint"):
     """grad of a loss that vmaps the stack over an ensemble of 2 (or over examples)."""
     def loss(ws):
+        run = lambda w, x: remat_scan(untagged, w, x, full, policy=policy, method=method).sum()  # noqa: E731
         if per_example:
-            return jax.vmap(lambda xi: remat_scan(untagged, ws, xi, full, policy=policy).sum())(X).sum()
-        return jax.vmap(lambda w: remat_scan(untagged, w, X, full, policy=policy).sum())(jnp.stack([ws, ws])).sum()
+            return jax.vmap(lambda xi: run(ws, xi))(X).sum()
+        return jax.vmap(lambda w: run(w, X))(jnp.stack([ws, ws])).sum()
     return loss
 
 
-def _linted_ensemble(policy, per_example=False):
+def _linted_ensemble(policy, per_example=False, method: str = "checkpoint"):
     """The messages check_plan gives at the point where the stack runs, inside the vmap and the grad."""
     out = []
 
     def loss(ws):
         def one(w, x):
-            out.append(check_plan(untagged, w, x, full, policy=policy))
-            return remat_scan(untagged, w, x, full, policy=policy).sum()
+            out.append(check_plan(untagged, w, x, full, policy=policy, method=method))
+            return remat_scan(untagged, w, x, full, policy=policy, method=method).sum()
         if per_example:
             return jax.vmap(lambda xi: one(ws, xi))(X).sum()
         return jax.vmap(lambda w: one(w, X))(jnp.stack([ws, ws])).sum()
@@ -96,6 +97,16 @@ def test_no_batch_dots_policy_under_an_ensemble_vmap_warns_and_keeps_nothing(pol
     # the same policy without the vmap keeps the product
     single = lambda p: lambda ws: remat_scan(untagged, ws, X, full, policy=p).sum()
     assert _saved_bytes(single(policy), WS) > _saved_bytes(single(None), WS)
+
+
+def test_reverse_loop_policy_sees_the_unbatched_layer_under_vmap():
+    """The default rendering differentiates inside a custom_vjp traced unbatched: the policy keeps its product."""
+    policy = "save_dots_no_batch"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematPolicyWarning)
+        assert _linted_ensemble(policy, method="reverse_loop") == []
+    kept = _saved_bytes(_ensemble_grad(policy, method="reverse_loop"), WS)
+    assert kept > _saved_bytes(_ensemble_grad(None, method="reverse_loop"), WS)
 
 
 def test_per_example_vmap_and_vmap_of_grad_keep_the_products_and_do_not_warn():
