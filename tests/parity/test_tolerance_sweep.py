@@ -1,0 +1,74 @@
+"""The cross-framework tolerances hold under other instruction sets and thread counts, not only this CPU's."""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from jaxremat.spec import parse_schedule
+from parity import jax_runner, torch_runner
+from parity.compare import compare_bitwise
+from parity.models import get_preset
+from parity.tolerance_sweep import Setting, default_settings, markdown, rows, run_setting, summary
+from parity.tolerance_worker import torch_loss_and_grads, variant_inputs
+
+TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
+
+
+def test_setting_env_sets_each_framework_and_names_it():
+    s = Setting("SSE4_2", "default", 1, xla_dots="eigen", mkl="COMPATIBLE")
+    env = s.env({"XLA_FLAGS": "--xla_dump_to=/x", "PATH": "/bin"})
+    assert env["XLA_FLAGS"] == "--xla_cpu_max_isa=SSE4_2 --xla_cpu_experimental_ynn_fusion_type="
+    assert (env["ATEN_CPU_CAPABILITY"], env["MKL_CBWR"], env["OMP_NUM_THREADS"], env["PATH"]) == ("default", "COMPATIBLE", "1", "/bin")
+    assert s.name == "xla=SSE4_2 aten=default t=1 dots=eigen mkl=COMPATIBLE"
+    assert "MKL_CBWR" not in Setting().env({"MKL_CBWR": "AVX"})  # an inherited value does not leak in
+    for bad in ({"xla_isa": "AVX3"}, {"aten": "neon"}, {"threads": 0}, {"xla_dots": "onednn"}, {"mkl": "AVX"}):
+        with pytest.raises(ValueError):
+            Setting(**bad)
+
+
+def test_default_settings_follow_the_cpus_instruction_sets():
+    avx2 = {"sse4_2", "avx", "avx2"}
+    grid = default_settings(avx2)
+    assert {s.xla_isa for s in grid} == {"SSE4_2", "AVX", "AVX2"} and {s.aten for s in grid} == {"default", "avx2"}
+    assert len(grid) == 3 * 2 * 2 + 4 and {s.threads for s in grid} == {1, 2}
+    assert [s.name for s in grid[-4:]] == ["xla=AVX2 aten=avx2 t=1 dots=eigen", "xla=AVX2 aten=avx2 t=2 dots=eigen",
+                                           "xla=AVX2 aten=avx2 t=1 mkl=COMPATIBLE", "xla=AVX2 aten=avx2 t=2 mkl=COMPATIBLE"]
+    wide = default_settings(avx2 | {"avx512f"})
+    assert {s.xla_isa for s in wide} >= {"AVX512"} and {s.aten for s in wide} >= {"avx512"}
+
+
+def test_sweep_torch_path_is_the_runners_bitwise():
+    # the sweep's lean PyTorch path computes exactly what the suite's runner does
+    cfg, params, tokens, _ = variant_inputs(get_preset("gpt-tiny"), "float32")
+    from jaxremat.spec import AdamWConfig
+
+    full = torch_runner.run_schedule(cfg, params, tokens, parse_schedule("sqrt"), hparams=AdamWConfig(steps=1),
+                                     timing_repeats=1, with_reverse_loop=False)
+    lean = torch_loss_and_grads(cfg, params, tokens, parse_schedule("sqrt"))
+    assert compare_bitwise({"loss": lean["loss"], **lean["grads"]}, {"loss": full["loss"], **full["grads"]}).equal
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="needs 2 CPUs to run 1 and 2 threads")
+def test_cross_framework_within_tolerance_across_instruction_sets_and_threads():
+    """gpt-tiny under SSE4.2 / AVX2 code in both frameworks, 1 and 2 threads, each in a fresh process."""
+    narrow, wide = ("SSE4_2", "default"), ("AVX2", "avx2")
+    one = [(Setting(*narrow, 1), [0]), (Setting(*wide, 1), [1])]  # 1-thread workers run side by side
+    two = [(Setting(*narrow, 2), None), (Setting(*wide, 2), None)]
+    run = lambda sc: run_setting(sc[0], "gpt-tiny", ["float32"], ["none"], eager=False, timeout_s=300,  # noqa: E731
+                                 cpus=sc[1])
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, one))
+    results += [run(sc) for sc in two]
+    for r in results:
+        s = r["setting"]
+        # each setting took effect: ATen's kernels, thread counts, and the registers of XLA's code
+        assert r["aten_capability"] == s["aten"].upper() and r["torch_threads"] == len(r["cpus"]) == s["threads"]
+        regs = r["xla_vector_registers"]
+        if regs is not None:  # None without objdump
+            assert (regs["ymm"] == 0 < regs["xmm"]) if s["xla_isa"] == "SSE4_2" else regs["ymm"] > 0
+    found = list(rows(results))
+    assert len(found) == 4 and all(np.isfinite(x["grads_err"]) and x["grads_err"] > 0 for x in found)
+    assert all(x["ok"] for x in found), markdown(results)
+    assert {s["quantity"] for s in summary(results)} == {"loss", "grads"}
