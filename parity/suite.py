@@ -4,8 +4,8 @@ For each dtype and framework (JAX under ``jit`` and op by op, PyTorch eager) the
 no-remat reference, then every schedule, and checks byte for byte: the loss, every parameter
 gradient, the weights after the optimizer steps, and the hand-rolled reverse segment loop's
 gradients against the library schedule's. It then compares the frameworks on the same weights and
-tokens against :data:`parity.compare.TOLERANCES` (:func:`parity.compare.cross_check`). A case that raises is recorded with
-``status: "error"`` and the suite goes on.
+tokens against :data:`parity.compare.TOLERANCES` (:func:`parity.compare.cross_check`). A case
+that raises is recorded with ``status: "error"`` and the suite goes on.
 """
 
 from __future__ import annotations

@@ -198,22 +198,28 @@ def bitwise_findings(results: list[dict]) -> list[str]:
 
 
 def markdown(results: list[dict]) -> str:
-    """The sweep as Markdown: the distribution table, per-setting maxima, bitwise findings."""
+    """The sweep as Markdown: the distribution table, per-setting maxima, bitwise findings.
+
+    ``JAX bits`` / ``PyTorch bits``: the start of :func:`parity.tolerance_worker.digest` of the
+    ``none`` loss and gradients (JAX under ``jit``): settings sharing a digest computed the same bits.
+    """
     lines = ["| model | dtype | quantity | max error | in eps | where | tolerance | margin |", "|" + "---|" * 8]
     for s in summary(results):
         lines.append(f"| {s['model']} | {s['dtype']} | {s['quantity']} | {s['max_err']:.2e} | {s['max_err_eps']:.3g} "
                      f"| {s['where']} | {s['tolerance']:.2e} | {s['margin']:.1f}x |")
-    lines += ["", "| setting | model | dtype | max loss error | max grads error | XLA registers | ATen | YNN fusions |",
-              "|" + "---|" * 8]
+    lines += ["", "| setting | model | dtype | max loss error | max grads error | JAX bits | PyTorch bits "
+              "| XLA registers | ATen | YNN fusions |", "|" + "---|" * 10]
     for r in results:
         regs = r.get("xla_vector_registers")
         regs = "-" if not regs else ", ".join(f"{k} {n}" for k, n in regs.items() if n)
         for v in r["variants"]:
             sub = [x for x in rows([{**r, "variants": [v]}])]
-            ynn = next((s.get("ynn_fusions") for s in v["schedules"] if "ynn_fusions" in s), "-")
+            none = v["schedules"][0]
+            ynn = none.get("ynn_fusions", "-")
+            bits = [none.get(f"{fw}_digest", "-")[:6] for fw in ("jax", "torch")]
             lines.append(f"| {r['setting']['name']} | {r['spec']['model']} | {v['variant']} "
                          f"| {max(x['loss_err'] for x in sub):.2e} | {max(x['grads_err'] for x in sub):.2e} "
-                         f"| {regs} | {r['aten_capability']} | {ynn} |")
+                         f"| {bits[0]} | {bits[1]} | {regs} | {r['aten_capability']} | {ynn} |")
     found = bitwise_findings(results)
     lines += ["", f"Within-framework bitwise (each schedule against none, same process): "
               f"{'all equal' if not found else f'{len(found)} not equal'}"] + [f"- {f}" for f in found]

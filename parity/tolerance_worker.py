@@ -17,6 +17,7 @@ every schedule byte for byte against ``none`` inside each framework under the sa
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -94,6 +95,15 @@ def xla_vector_registers() -> dict | None:
     return {reg: text.count(reg) for reg in ("xmm", "ymm", "zmm")}
 
 
+def digest(res: dict) -> str:
+    """Short hash of the loss and gradient bytes (names sorted): equal digests, equal bits."""
+    h = hashlib.sha256(np.asarray(res["loss"]).tobytes())
+    for name in sorted(res["grads"]):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(res["grads"][name]).tobytes())
+    return h.hexdigest()[:12]
+
+
 def _bitwise(res: dict, ref: dict) -> dict:
     from .compare import compare_bitwise
 
@@ -136,6 +146,7 @@ def run_variant(preset, variant: str, schedules, eager: bool) -> dict:
         j = jax_loss_and_grads(cfg, params, tokens, schedule)
         t = torch_loss_and_grads(cfg, params, tokens, schedule)
         row = {"schedule": name, "loss_jax": float(j["loss"]), "loss_torch": float(t["loss"]),
+               "jax_digest": digest(j), "torch_digest": digest(t),
                **cross_check(j["loss"], t["loss"], j["grads"], t["grads"], scale, dtype)}
         if name == "none":
             refs = {"jax": j, "torch": t}
@@ -143,7 +154,7 @@ def run_variant(preset, variant: str, schedules, eager: bool) -> dict:
                 row["ynn_fusions"] = _ynn_fusions(cfg, schedule, tokens)
             if eager and variant == "float32":  # op by op costs seconds per step: float32 only
                 e = jax_loss_and_grads(cfg, params, tokens, schedule, mode="eager")
-                row["eager"] = {"loss_jax": float(e["loss"]),
+                row["eager"] = {"loss_jax": float(e["loss"]), "jax_digest": digest(e),
                                 **cross_check(e["loss"], t["loss"], e["grads"], t["grads"], scale, dtype)}
         else:
             row["jax_vs_none"] = _bitwise(j, refs["jax"])
