@@ -226,21 +226,24 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run_all(settings: list[Setting], models, eager: bool, on_result) -> None:
-    """Run every (setting, model); 1-thread settings two at a time on different CPUs when there are 2."""
+def _run_all(jobs: list[tuple[Setting, str]], eager: bool, on_result) -> None:
+    """Run every (setting, model) job, two at a time: two 1-thread jobs on different CPUs, else side by side.
+
+    Only the thread counts are fixed (each framework sizes its thread pool from them); two jobs
+    sharing CPUs run slower but compute the same bits.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     cpus = sorted(os.sched_getaffinity(0))
-    jobs = [(s, m) for s in settings for m in models]
-    single = [j for j in jobs if j[0].threads == 1] if len(cpus) >= 2 else []
-    with ThreadPoolExecutor(2) as pool:
-        for i in range(0, len(single), 2):
-            pair = single[i:i + 2]
-            futures = [pool.submit(run_setting, s, m, *RUNS[m], eager, cpus=[cpus[k]]) for k, (s, m) in enumerate(pair)]
-            for f in futures:
-                on_result(f.result())
-    for s, m in (j for j in jobs if j not in single):
-        on_result(run_setting(s, m, *RUNS[m], eager))
+    width = 2 if len(cpus) >= 2 else 1
+    single = [j for j in jobs if j[0].threads == 1]
+    with ThreadPoolExecutor(width) as pool:
+        for group, pinned in ((single, True), ([j for j in jobs if j not in single], False)):
+            for i in range(0, len(group), width):
+                futures = [pool.submit(run_setting, s, m, *RUNS[m], eager, cpus=[cpus[k]] if pinned else None)
+                           for k, (s, m) in enumerate(group[i:i + width])]
+                for f in futures:
+                    on_result(f.result())
 
 
 def main(argv=None) -> int:
@@ -249,6 +252,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(RUNS), help=f"comma-separated, from {', '.join(RUNS)}")
     ap.add_argument("--out", default="tolerance-sweep", help="output folder (default tolerance-sweep/)")
     ap.add_argument("--no-eager", action="store_true", help="skip JAX op by op (the none schedule, float32)")
+    ap.add_argument("--resume", action="store_true", help="keep the results in --out/sweep.json, run the rest")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     if not models or any(m not in RUNS for m in models):
@@ -256,14 +260,16 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    results = json.loads((out / "sweep.json").read_text()) if args.resume and (out / "sweep.json").exists() else []
+    done = {(r["setting"]["name"], r["spec"]["model"]) for r in results}
+    jobs = [(s, m) for s in default_settings() for m in models if (s.name, m) not in done]
 
     def on_result(r):
         results.append(r)
         print(f"done: {r['setting']['name']} {r['spec']['model']}", file=sys.stderr, flush=True)
         (out / "sweep.json").write_text(json.dumps(results, indent=1))
 
-    _run_all(default_settings(), models, not args.no_eager, on_result)
+    _run_all(jobs, not args.no_eager, on_result)
     text = markdown(results)
     (out / "sweep.md").write_text(text)
     print(text)

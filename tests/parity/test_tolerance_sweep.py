@@ -73,3 +73,39 @@ def test_cross_framework_within_tolerance_across_instruction_sets_and_threads():
     assert len(found) == 4 and all(np.isfinite(x["grads_err"]) and x["grads_err"] > 0 for x in found)
     assert all(x["ok"] for x in found), markdown(results)
     assert {s["quantity"] for s in summary(results)} == {"loss", "grads"}
+
+
+def _fake_result(setting, model, ok=True):
+    row = {"schedule": "none", "loss_err": 0.0, "max_rel_err_grads": 1e-7, "worst_grad": "w", "loss_abs_diff": 0.0,
+           "tolerance_loss": 1e-6, "tolerance": 6e-5, "ok": ok, "jax_digest": "aaaaaa", "torch_digest": "bbbbbb"}
+    return {"setting": {"name": setting.name, "threads": setting.threads}, "spec": {"model": model},
+            "aten_capability": setting.aten.upper(), "xla_vector_registers": None,
+            "variants": [{"variant": "float32", "schedules": [row]}]}
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="needs 2 CPUs to pin two 1-thread workers apart")
+def test_sweep_cli_resumes_pins_single_thread_jobs_apart_and_fails_on_a_row_over_tolerance(tmp_path, monkeypatch):
+    import json
+
+    from parity import tolerance_sweep
+
+    calls = []
+
+    def fake(setting, model, variants, schedules, eager=True, timeout_s=0, cpus=None):
+        calls.append((setting.name, model, cpus))
+        return _fake_result(setting, model, ok=setting.name != "xla=AVX2 aten=avx2 t=2")
+
+    monkeypatch.setattr(tolerance_sweep, "run_setting", fake)
+    monkeypatch.setattr(tolerance_sweep, "cpu_flags", lambda: {"sse4_2", "avx", "avx2"})
+    first = Setting("SSE4_2", "default", 1)
+    (tmp_path / "sweep.json").write_text(json.dumps([_fake_result(first, "gpt-small")]))
+    rc = tolerance_sweep.main(["--models", "gpt-small", "--out", str(tmp_path), "--resume"])
+    assert rc == 1  # one row over its tolerance
+    names = [c[0] for c in calls]
+    assert first.name not in names and len(names) == len(default_settings({"sse4_2", "avx", "avx2"})) - 1
+    cpus = os.sched_getaffinity(0)
+    single = [c for c in calls if c[0].split(" t=")[1].startswith("1")]
+    assert all(c[2] is not None and len(c[2]) == 1 and set(c[2]) <= cpus for c in single)
+    assert all(c[2] is None for c in calls if c not in single)
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert len(saved) == len(names) + 1 and "| gpt-small | float32 | grads |" in (tmp_path / "sweep.md").read_text()
