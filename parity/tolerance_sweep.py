@@ -153,9 +153,16 @@ def run_setting(setting: Setting, model: str, variants, schedules, eager: bool =
 
 
 def rows(results: list[dict]):
-    """Flatten results: one dict per (setting, model, variant, schedule, mode) with both errors."""
+    """Flatten results: one dict per (setting, model, variant, schedule, mode) with both errors.
+
+    ``ok`` is judged against the current :data:`parity.compare.TOLERANCES` (``tolerance_loss``,
+    ``tolerance_grads``); ``ok_when_measured`` is the worker's verdict under the table it ran with.
+    """
+    from .compare import tolerance_for
+
     for r in results:
         for v in r["variants"]:
+            bounds = tolerance_for(v["variant"], "loss").bound, tolerance_for(v["variant"], "grads").bound
             for s in v["schedules"]:
                 for mode, x in (("jit", s), ("eager", s.get("eager"))):
                     if x is None:
@@ -163,23 +170,29 @@ def rows(results: list[dict]):
                     yield {"setting": r["setting"]["name"], "model": r["spec"]["model"], "variant": v["variant"],
                            "schedule": s["schedule"], "mode": mode, "loss_err": x["loss_err"],
                            "grads_err": x["max_rel_err_grads"], "worst_grad": x["worst_grad"],
-                           "loss_abs_diff": x["loss_abs_diff"], "tolerance_loss": x["tolerance_loss"],
-                           "tolerance_grads": x["tolerance"], "ok": x["ok"]}
+                           "loss_abs_diff": x["loss_abs_diff"], "tolerance_loss": bounds[0],
+                           "tolerance_grads": bounds[1], "ok_when_measured": x["ok"],
+                           "ok": x["loss_err"] <= bounds[0] and x["max_rel_err_grads"] <= bounds[1]}
 
 
 def summary(results: list[dict]) -> list[dict]:
-    """Per (model, variant, quantity): the largest error, where it occurred, the bound and the margin."""
+    """Per (model, variant, quantity, JAX mode): the largest error, where it occurred, the bound, the margin.
+
+    The bound is the current :data:`parity.compare.TOLERANCES` entry, not the one recorded with
+    the results (so a sweep measured before a change of the table shows the margins after it).
+    """
     from .compare import EPS
 
     out = {}
     for row in rows(results):
-        for q, key, tol in (("loss", "loss_err", "tolerance_loss"), ("grads", "grads_err", "tolerance_grads")):
-            k = (row["model"], row["variant"], q)
+        for q, key in (("loss", "loss_err"), ("grads", "grads_err")):
+            bound = row[f"tolerance_{q}"]
+            k = (row["model"], row["variant"], q, row["mode"])
             if k not in out or row[key] > out[k]["max_err"]:
-                out[k] = {"model": row["model"], "dtype": row["variant"], "quantity": q, "max_err": row[key],
-                          "max_err_eps": row[key] / EPS[row["variant"]], "where": f"{row['setting']}, "
-                          f"{row['schedule']} ({row['mode']})" + (f", {row['worst_grad']}" if q == "grads" else ""),
-                          "tolerance": row[tol], "margin": row[tol] / row[key] if row[key] > 0 else float("inf")}
+                out[k] = {"model": row["model"], "dtype": row["variant"], "quantity": q, "mode": row["mode"],
+                          "max_err": row[key], "max_err_eps": row[key] / EPS[row["variant"]],
+                          "where": f"{row['setting']}, {row['schedule']}" + (f", {row['worst_grad']}" if q == "grads" else ""),
+                          "tolerance": bound, "margin": bound / row[key] if row[key] > 0 else float("inf")}
     return list(out.values())
 
 
@@ -203,10 +216,10 @@ def markdown(results: list[dict]) -> str:
     ``JAX bits`` / ``PyTorch bits``: the start of :func:`parity.tolerance_worker.digest` of the
     ``none`` loss and gradients (JAX under ``jit``): settings sharing a digest computed the same bits.
     """
-    lines = ["| model | dtype | quantity | max error | in eps | where | tolerance | margin |", "|" + "---|" * 8]
+    lines = ["| model | dtype | quantity | JAX | max error | in eps | where | tolerance | margin |", "|" + "---|" * 9]
     for s in summary(results):
-        lines.append(f"| {s['model']} | {s['dtype']} | {s['quantity']} | {s['max_err']:.2e} | {s['max_err_eps']:.3g} "
-                     f"| {s['where']} | {s['tolerance']:.2e} | {s['margin']:.1f}x |")
+        lines.append(f"| {s['model']} | {s['dtype']} | {s['quantity']} | {s['mode']} | {s['max_err']:.2e} "
+                     f"| {s['max_err_eps']:.3g} | {s['where']} | {s['tolerance']:.2e} | {s['margin']:.1f}x |")
     lines += ["", "| setting | model | dtype | max loss error | max grads error | JAX bits | PyTorch bits "
               "| XLA registers | ATen | YNN fusions |", "|" + "---|" * 10]
     for r in results:
