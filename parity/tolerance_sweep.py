@@ -36,8 +36,8 @@ XLA_ISAS = ("SSE4_2", "AVX", "AVX2", "AVX512")
 ATEN_CAPABILITIES = ("default", "avx2", "avx512")
 _CPU_FLAG = {"SSE4_2": "sse4_2", "AVX": "avx", "AVX2": "avx2", "AVX512": "avx512f",
              "default": None, "avx2": "avx2", "avx512": "avx512f"}
-RUNS = {"gpt-small": (("float32", "float64", "bfloat16"), ("none", "sqrt")),
-        "minilm-l6": (("float32",), ("none", "sqrt", "every_k(2)"))}
+RUNS = {"gpt-small": {"float32": ("none", "sqrt"), "float64": ("none",), "bfloat16": ("none",)},
+        "minilm-l6": {"float32": ("none", "sqrt", "every_k(2)")}}
 """Models of the sweep: the variants (:data:`parity.tolerance_worker.VARIANTS`) and schedules each runs.
 The cross-framework error does not depend on the schedule (each schedule is bitwise ``none`` inside
 each framework, which the sweep checks); the remat schedules are there for that check."""
@@ -116,14 +116,15 @@ def default_settings(flags: set[str] | None = None, threads=(1, 2)) -> list[Sett
     return grid + kernels
 
 
-def run_setting(setting: Setting, model: str, variants, schedules, eager: bool = True,
+def run_setting(setting: Setting, model: str, variants: dict, eager: bool = True,
                 timeout_s: float = 1800, cpus=None) -> dict:
     """Run :mod:`parity.tolerance_worker` under ``setting`` in a fresh process; its result object.
 
     Args:
         setting: instruction sets, kernels and threads.
-        model: preset name; ``variants``: :data:`parity.tolerance_worker.VARIANTS` to run;
-            ``schedules``: schedule names, ``none`` first.
+        model: preset name.
+        variants: ``{variant: schedule names, none first}``, variants from
+            :data:`parity.tolerance_worker.VARIANTS`.
         eager: also run JAX op by op on ``none`` (float32).
         timeout_s: wall-clock limit of the worker, seconds.
         cpus: the CPUs to pin the worker to (default: the first ``setting.threads`` of this
@@ -137,7 +138,7 @@ def run_setting(setting: Setting, model: str, variants, schedules, eager: bool =
     cpus = sorted(cpus) if cpus is not None else allowed[: setting.threads]
     if len(cpus) != setting.threads or not set(cpus) <= set(allowed):
         raise ValueError(f"{setting.name} needs {setting.threads} of this process's CPUs {allowed}, got {cpus}")
-    spec = {"model": model, "variants": list(variants), "schedules": list(schedules),
+    spec = {"model": model, "variants": {v: list(names) for v, names in variants.items()},
             "threads": setting.threads, "eager": eager}
     proc = subprocess.run(
         [sys.executable, "-m", "parity.tolerance_worker", json.dumps(spec)], env=setting.env(),
@@ -191,7 +192,8 @@ def summary(results: list[dict]) -> list[dict]:
             if k not in out or row[key] > out[k]["max_err"]:
                 out[k] = {"model": row["model"], "dtype": row["variant"], "quantity": q, "mode": row["mode"],
                           "max_err": row[key], "max_err_eps": row[key] / EPS[row["variant"]],
-                          "where": f"{row['setting']}, {row['schedule']}" + (f", {row['worst_grad']}" if q == "grads" else ""),
+                          "where": f"{row['setting']}, {row['schedule']}"
+                          + (f", {row['worst_grad']}" if q == "grads" else ""),
                           "tolerance": bound, "margin": bound / row[key] if row[key] > 0 else float("inf")}
     return list(out.values())
 
@@ -242,8 +244,9 @@ def markdown(results: list[dict]) -> str:
 def _run_all(jobs: list[tuple[Setting, str]], eager: bool, on_result) -> None:
     """Run every (setting, model) job, two at a time: two 1-thread jobs on different CPUs, else side by side.
 
-    Only the thread counts are fixed (each framework sizes its thread pool from them); two jobs
-    sharing CPUs run slower but compute the same bits.
+    JAX op by op (``eager``) runs in the 1-thread jobs only (it costs seconds a step). Only the
+    thread counts are fixed (each framework sizes its thread pool from them); two jobs sharing
+    CPUs run slower but compute the same bits.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -253,7 +256,8 @@ def _run_all(jobs: list[tuple[Setting, str]], eager: bool, on_result) -> None:
     with ThreadPoolExecutor(width) as pool:
         for group, pinned in ((single, True), ([j for j in jobs if j not in single], False)):
             for i in range(0, len(group), width):
-                futures = [pool.submit(run_setting, s, m, *RUNS[m], eager, cpus=[cpus[k]] if pinned else None)
+                futures = [pool.submit(run_setting, s, m, RUNS[m], eager and s.threads == 1,
+                                       cpus=[cpus[k]] if pinned else None)
                            for k, (s, m) in enumerate(group[i:i + width])]
                 for f in futures:
                     on_result(f.result())
@@ -264,7 +268,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity.tolerance_sweep", description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(RUNS), help=f"comma-separated, from {', '.join(RUNS)}")
     ap.add_argument("--out", default="tolerance-sweep", help="output folder (default tolerance-sweep/)")
-    ap.add_argument("--no-eager", action="store_true", help="skip JAX op by op (the none schedule, float32)")
+    ap.add_argument("--no-eager", action="store_true",
+                    help="skip JAX op by op (run on none, float32, in the 1-thread settings)")
     ap.add_argument("--resume", action="store_true", help="keep the results in --out/sweep.json, run the rest")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]

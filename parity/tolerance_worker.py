@@ -3,9 +3,10 @@
 :mod:`parity.tolerance_sweep` starts this module as ``python -m parity.tolerance_worker SPEC`` in a
 fresh process per setting, because the instruction-set variables (``XLA_FLAGS``,
 ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR``) are read once, when the frameworks load, and the XLA:CPU
-thread pool is sized from the process's CPU affinity at start-up. ``SPEC`` is a JSON object
-(``model``, ``variants``, ``schedules``, ``threads``, ``eager``: also JAX op by op, for ``none`` in
-float32); the result is one JSON object on the last line of standard output.
+thread pool is sized from the process's CPU affinity at start-up. ``SPEC`` is a JSON object:
+``model`` (preset name), ``variants`` (``{variant: [schedule names, none first]}``), ``threads``
+and ``eager`` (also JAX op by op, on ``none`` in float32); the result is one JSON object on the
+last line of standard output.
 
 Per variant (``float32``, ``float64``, ``bfloat16`` = float32 parameters with bfloat16 compute) and
 schedule it runs JAX under ``jit`` (:func:`parity.jax_runner.run_schedule`, the suite's path) and
@@ -176,8 +177,8 @@ def main(spec: dict) -> dict:
               "torch_threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0)),
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "mkl_cbwr": os.environ.get("MKL_CBWR"),
               "xla_vector_registers": xla_vector_registers(), "variants": []}
-    for variant in spec["variants"]:
-        result["variants"].append(run_variant(preset, variant, spec["schedules"], bool(spec.get("eager"))))
+    for variant, schedules in spec["variants"].items():
+        result["variants"].append(run_variant(preset, variant, schedules, bool(spec.get("eager"))))
     return result
 
 

@@ -57,7 +57,7 @@ def test_cross_framework_within_tolerance_across_instruction_sets_and_threads():
     narrow, wide = ("SSE4_2", "default"), ("AVX2", "avx2")
     one = [(Setting(*narrow, 1), [0]), (Setting(*wide, 1), [1])]  # 1-thread workers run side by side
     two = [(Setting(*narrow, 2), None), (Setting(*wide, 2), None)]
-    run = lambda sc: run_setting(sc[0], "gpt-tiny", ["float32"], ["none"], eager=False, timeout_s=300,  # noqa: E731
+    run = lambda sc: run_setting(sc[0], "gpt-tiny", {"float32": ["none"]}, eager=False, timeout_s=300,  # noqa: E731
                                  cpus=sc[1])
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(run, one))
@@ -76,8 +76,8 @@ def test_cross_framework_within_tolerance_across_instruction_sets_and_threads():
 
 
 def _fake_result(setting, model, ok=True):
-    row = {"schedule": "none", "loss_err": 0.0, "max_rel_err_grads": 1e-7 if ok else 1e-3, "worst_grad": "w", "loss_abs_diff": 0.0,
-           "tolerance_loss": 1e-6, "tolerance": 6e-5, "ok": ok, "jax_digest": "aaaaaa", "torch_digest": "bbbbbb"}
+    row = {"schedule": "none", "loss_err": 0.0, "max_rel_err_grads": 1e-7 if ok else 1e-3, "worst_grad": "w",
+           "loss_abs_diff": 0.0, "tolerance_loss": 1e-6, "tolerance": 6e-5, "ok": ok, "jax_digest": "aaaaaa", "torch_digest": "bbbbbb"}
     return {"setting": {"name": setting.name, "threads": setting.threads}, "spec": {"model": model},
             "aten_capability": setting.aten.upper(), "xla_vector_registers": None,
             "variants": [{"variant": "float32", "schedules": [row]}]}
@@ -91,8 +91,9 @@ def test_sweep_cli_resumes_pins_single_thread_jobs_apart_and_fails_on_a_row_over
 
     calls = []
 
-    def fake(setting, model, variants, schedules, eager=True, timeout_s=0, cpus=None):
+    def fake(setting, model, variants, eager=True, timeout_s=0, cpus=None):
         calls.append((setting.name, model, cpus))
+        assert eager == (setting.threads == 1) and variants == tolerance_sweep.RUNS[model]
         return _fake_result(setting, model, ok=setting.name != "xla=AVX2 aten=avx2 t=2")
 
     monkeypatch.setattr(tolerance_sweep, "run_setting", fake)
