@@ -82,11 +82,12 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
         Tolerance("float64", "grads", 512.0, _GRADS + "Bound: 512 float64 eps (1.1e-13), the float32 multiple: "
                   "the same reorderings round in proportion to eps, and a larger error would mean different "
                   "math, not different rounding. " + _SWEEP + "gpt-small at most 4.8 eps, as in float32."),
-        Tolerance("bfloat16", "loss", 2.0**-9, _LOSS + "Mixed precision (float32 parameters, bfloat16 compute, "
-                  "eps 2^-7 = 7.8e-3): the cross-entropy runs in float32 in both frameworks (logits cast back) "
-                  "and the bfloat16 roundings of the activations reach it averaged over the B*T rows, so the "
-                  "error is far below one bfloat16 eps. Bound: 2^-9 bfloat16 eps (2^-16 = 1.5e-5 = 128 float32 "
-                  "eps) of S. " + _SWEEP + "gpt-small at most 1.6e-6: margin 9.6x."),
+        Tolerance("bfloat16", "loss", 2.0**-4, _LOSS + "Mixed precision (float32 parameters, bfloat16 compute, "
+                  "eps 2^-7 = 7.8e-3): the cross-entropy runs in float32 in both frameworks (logits cast back), "
+                  "and the bfloat16 roundings reach the loss through the logits, small next to S at "
+                  "initialisation (S is about log V there), averaged over the B*T rows. Bound: 2^-4 bfloat16 "
+                  "eps (2^-11 = 4.9e-4) of S. " + _SWEEP + "gpt-small (256 rows) at most 1.6e-6; gpt-tiny (32 "
+                  "rows, one run at the default setting) 3.9e-5: margin 12.6x."),
         Tolerance("bfloat16", "grads", 8.0, _GRADS + "Mixed precision (eps 2^-7 = 7.8e-3): JAX computes the "
                   "whole forward pass in bfloat16 as Flax's dtype= does, residual stream included, while "
                   "torch.autocast on CPU runs only the matmuls in bfloat16 and keeps the float32 residual "
