@@ -35,7 +35,7 @@ class Tolerance:
         quantity: ``loss`` (measured by :func:`loss_error`) or ``grads`` (by :func:`max_rel_err`).
         eps_multiple: the bound in units of the dtype's epsilon (:data:`EPS`).
         reason: what the measure scales with, the epsilon it derives from, and the measured
-            distribution it was set from (docs/framework-differences.md, section 8).
+            distribution it was set from (docs/framework-differences.md, section 10).
     """
 
     dtype: str

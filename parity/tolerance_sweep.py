@@ -117,7 +117,7 @@ def default_settings(flags: set[str] | None = None, threads=(1, 2)) -> list[Sett
 
 
 def run_setting(setting: Setting, model: str, variants: dict, eager: bool = True,
-                timeout_s: float = 1800, cpus=None) -> dict:
+                timeout_s: float = 1800, cpus=None, flags: set[str] | None = None) -> dict:
     """Run :mod:`parity.tolerance_worker` under ``setting`` in a fresh process; its result object.
 
     Args:
@@ -129,11 +129,21 @@ def run_setting(setting: Setting, model: str, variants: dict, eager: bool = True
         timeout_s: wall-clock limit of the worker, seconds.
         cpus: the CPUs to pin the worker to (default: the first ``setting.threads`` of this
             process's affinity); two 1-thread workers on different CPUs can run at once.
+        flags: this CPU's instruction-set flags (default :func:`cpu_flags`; an empty set skips the check).
 
     Raises:
         RuntimeError: the worker failed or printed no result (its standard error is in the message).
-        ValueError: this machine has fewer CPUs than ``setting.threads``.
+        ValueError: this machine has fewer CPUs than ``setting.threads``, or lacks an instruction
+            set the setting names: ``ATEN_CPU_CAPABILITY=avx512`` on a CPU without AVX-512 is taken
+            as given and the first vectorized kernel dies of SIGILL (torch 2.13.0), while XLA caps
+            ``--xla_cpu_max_isa=AVX512`` at the host's AVX2 silently (a result labelled AVX-512
+            that is not).
     """
+    flags = cpu_flags() if flags is None else flags
+    missing = [n for n in (setting.xla_isa, setting.aten) if flags and not supported([n], flags)]
+    if missing:
+        raise ValueError(f"{setting.name}: this CPU lacks {', '.join(_CPU_FLAG[n] for n in missing)} "
+                         f"(/proc/cpuinfo); run the settings of default_settings() instead")
     allowed = sorted(os.sched_getaffinity(0))
     cpus = sorted(cpus) if cpus is not None else allowed[: setting.threads]
     if len(cpus) != setting.threads or not set(cpus) <= set(allowed):
