@@ -148,12 +148,13 @@ def run_setting(setting: Setting, model: str, variants: dict, eager: bool = True
     cpus = sorted(cpus) if cpus is not None else allowed[: setting.threads]
     if len(cpus) != setting.threads or not set(cpus) <= set(allowed):
         raise ValueError(f"{setting.name} needs {setting.threads} of this process's CPUs {allowed}, got {cpus}")
+    # The worker pins itself before jax and torch load: a preexec_fn would make subprocess fork
+    # this (multithreaded, once JAX is loaded) process and run Python in the child before exec.
     spec = {"model": model, "variants": {v: list(names) for v, names in variants.items()},
-            "threads": setting.threads, "eager": eager}
+            "threads": setting.threads, "eager": eager, "cpus": cpus}
     proc = subprocess.run(
         [sys.executable, "-m", "parity.tolerance_worker", json.dumps(spec)], env=setting.env(),
         capture_output=True, text=True, timeout=timeout_s,
-        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
     )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:

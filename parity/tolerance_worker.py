@@ -4,9 +4,10 @@
 fresh process per setting, because the instruction-set variables (``XLA_FLAGS``,
 ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR``) are read once, when the frameworks load, and the XLA:CPU
 thread pool is sized from the process's CPU affinity at start-up. ``SPEC`` is a JSON object:
-``model`` (preset name), ``variants`` (``{variant: [schedule names, none first]}``), ``threads``
-and ``eager`` (also JAX op by op, on ``none`` in float32); the result is one JSON object on the
-last line of standard output.
+``model`` (preset name), ``variants`` (``{variant: [schedule names, none first]}``), ``threads``,
+``eager`` (also JAX op by op, on ``none`` in float32) and ``cpus`` (optional: the CPUs the process
+pins itself to before jax and torch load); the result is one JSON object on the last line of
+standard output.
 
 Per variant (``float32``, ``float64``, ``bfloat16`` = float32 parameters with bfloat16 compute) and
 schedule it runs JAX under ``jit`` (:func:`parity.jax_runner.run_schedule`, the suite's path) and
@@ -183,12 +184,15 @@ def main(spec: dict) -> dict:
 
 
 if __name__ == "__main__":
+    _spec = json.loads(sys.argv[1])
+    if _spec.get("cpus"):  # before jax and torch load: XLA:CPU sizes its thread pool from the affinity
+        os.sched_setaffinity(0, _spec["cpus"])
     dump = tempfile.mkdtemp(prefix="parity-xla-dump-")
     os.environ["_PARITY_XLA_DUMP"] = dump
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_dump_to={dump} --xla_dump_hlo_module_re=.*isa_probe.*").strip()
     try:
-        res = main(json.loads(sys.argv[1]))
+        res = main(_spec)
     finally:
         shutil.rmtree(dump, ignore_errors=True)
     print(json.dumps(res))
