@@ -138,15 +138,23 @@ def peer_row(x: dict) -> list[str]:
     return [x["check"], x["dtype"], err, tol, ok, x["note"]]
 
 
-CROSS_COLUMNS = ("dtype", "schedule", "rel err loss", "rel err grads", "tolerance", "ok")
+CROSS_COLUMNS = ("dtype", "schedule", "loss err", "loss tol", "grads err", "grads tol", "ok")
 
 
 def cross_row(x: dict) -> list[str]:
-    """One cross-framework comparison as display strings, in :data:`CROSS_COLUMNS` order."""
+    """One cross-framework comparison as display strings, in :data:`CROSS_COLUMNS` order.
+
+    ``loss err`` is the loss difference over the loss's term scale (:func:`parity.compare.cross_check`);
+    rows without it (older reports, stress rows) show the plain relative error, marked ``(rel)``.
+    """
     f = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
     schedule = x["schedule"] if not x.get("variant") else f"{x['variant']}: {x['schedule']}"
-    return [x["dtype"], schedule, f(x["max_rel_err_loss"]), f(x["max_rel_err_grads"]),
-            f"{x['tolerance']:.0e}", "yes" if x["ok"] else "NO"]
+    if "loss_err" in x:
+        loss, loss_tol = f(x["loss_err"]), f(x["tolerance_loss"])
+    else:
+        loss, loss_tol = f"{f(x['max_rel_err_loss'])} (rel)", f(x["tolerance"])
+    return [x["dtype"], schedule, loss, loss_tol, f(x["max_rel_err_grads"]), f(x["tolerance"]),
+            "yes" if x["ok"] else "NO"]
 
 
 def print_tables(report: dict, console: Console | None = None) -> None:
@@ -231,7 +239,9 @@ def markdown(report: dict) -> str:
         parts += ["## JAX vs PyTorch", "", _md_table(CROSS_COLUMNS, [cross_row(x) for x in report["cross_framework"]]), ""]
         seen = {}
         for x in report["cross_framework"]:
-            seen[x["dtype"]] = x["tolerance_reason"]
+            if x.get("tolerance_loss_reason"):
+                seen[f"{x['dtype']} loss"] = x["tolerance_loss_reason"]
+            seen[f"{x['dtype']} grads"] = x["tolerance_reason"]
         parts += [f"- **{d}**: {r}" for d, r in seen.items()] + [""]
     kept_rows, seen_policies = [], set()
     for c in report["cases"]:

@@ -4,8 +4,8 @@ For each dtype and framework (JAX under ``jit`` and op by op, PyTorch eager) the
 no-remat reference, then every schedule, and checks byte for byte: the loss, every parameter
 gradient, the weights after the optimizer steps, and the hand-rolled reverse segment loop's
 gradients against the library schedule's. It then compares the frameworks on the same weights and
-tokens against :data:`parity.compare.TOLERANCES`. A case that raises is recorded with
-``status: "error"`` and the suite goes on.
+tokens against :data:`parity.compare.TOLERANCES` (:func:`parity.compare.cross_check`). A case
+that raises is recorded with ``status: "error"`` and the suite goes on.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jaxremat.spec import DEFAULT_SCHEDULES, AdamWConfig, parse_schedule, peak_u
 from jaxremat.spec.policies import POLICIES
 from jaxremat.spec.plan import RematPlan, parse_plan
 
-from .compare import compare_bitwise, max_rel_err, tolerance_for
+from .compare import compare_bitwise, cross_check, tolerance_for
 from .models import ModelPreset
 from .names_check import expected_names, measured_names
 from .predictions import attach_predictions
@@ -190,17 +190,40 @@ def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: Remat
     case["names_ok"] = measured["kept"] == expected["kept"] and measured["offloaded"] == expected["offloaded"]
 
 
-def _cross(schedule: str, dtype: str, a: dict | None, b: dict | None) -> dict:
-    tol = tolerance_for(dtype)
-    out = {"schedule": schedule, "dtype": dtype, "tolerance": tol.max_rel_err, "tolerance_reason": tol.reason,
-           "max_rel_err_loss": None, "max_rel_err_grads": None, "ok": False, "error": None}
+def _cross(schedule: str, dtype: str, a: dict | None, b: dict | None, term_scale: float | None,
+           scale_error: str | None = None) -> dict:
+    """JAX (``a``) against PyTorch (``b``) on one schedule: :func:`parity.compare.cross_check`'s fields.
+
+    The loss is checked relative to ``term_scale`` (:func:`parity.loss_terms.loss_term_scale`),
+    each gradient tensor relative to its largest entry; ``tolerance`` is the gradient bound and
+    ``tolerance_loss`` the loss bound, each with its reason.
+    """
+    tol, tol_loss = tolerance_for(dtype, "grads"), tolerance_for(dtype, "loss")
+    out = {"schedule": schedule, "dtype": dtype, "tolerance": tol.bound, "tolerance_reason": tol.reason,
+           "tolerance_loss": tol_loss.bound, "tolerance_loss_reason": tol_loss.reason,
+           "loss_err": None, "loss_abs_diff": None, "loss_term_scale": term_scale,
+           "max_rel_err_loss": None, "max_rel_err_grads": None, "worst_grad": None, "ok": False, "error": None}
     if a is None or b is None:
         out["error"] = "a framework's case did not complete; nothing to compare"
         return out
-    out["max_rel_err_loss"] = max_rel_err({"loss": a["loss"]}, {"loss": b["loss"]})
-    out["max_rel_err_grads"] = max_rel_err(a["grads"], b["grads"])
-    out["ok"] = out["max_rel_err_loss"] <= tol.max_rel_err and out["max_rel_err_grads"] <= tol.max_rel_err
+    if term_scale is None:
+        out["error"] = scale_error or "the loss's term scale could not be computed; nothing to compare"
+        return out
+    out.update(cross_check(a["loss"], b["loss"], a["grads"], b["grads"], term_scale, dtype))
     return out
+
+
+def _cross_rows(schedules, dtype: str, results: dict, cfg, params, tokens) -> list[dict]:
+    """One :func:`_cross` row per schedule (JAX ``jit``, else op by op, against PyTorch)."""
+    from .loss_terms import loss_term_scale
+
+    scale, failure = None, None
+    try:
+        scale = loss_term_scale(cfg, params, tokens)
+    except Exception as exc:  # recorded on every row, and the suite goes on
+        failure = f"the loss's term scale could not be computed: {type(exc).__name__}: {exc}"
+    return [_cross(name, dtype, results.get(("jax", "jit", name)) or results.get(("jax", "eager", name)),
+                   results.get(("torch", "eager", name)), scale, failure) for name, _ in schedules]
 
 
 def _runs(suite: SuiteConfig, framework: str, mode: str, dropout: float) -> bool:
@@ -304,9 +327,7 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
                     on_partial(report)
         # With dropout the two frameworks draw different masks (different RNGs): compared only without.
         if "jax" in suite.frameworks and "torch" in suite.frameworks and dropout == 0.0:
-            for name, _ in schedules:
-                jax_res = results.get(("jax", "jit", name)) or results.get(("jax", "eager", name))
-                report["cross_framework"].append(_cross(name, dtype, jax_res, results.get(("torch", "eager", name))))
+            report["cross_framework"] += _cross_rows(schedules, dtype, results, cfg, params, tokens)
     return report
 
 

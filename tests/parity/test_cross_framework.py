@@ -1,11 +1,13 @@
 """JAX and PyTorch agree on the same weights and real tokens, within the dtype's tolerance."""
 
+import numpy as np
 import pytest
 
 from jaxremat.spec import AdamWConfig, TransformerConfig, every_k, init_params
 from parity import jax_runner, torch_runner
-from parity.compare import max_rel_err, tolerance_for
+from parity.compare import cross_check, max_rel_err, tolerance_for
 from parity.data import token_batch
+from parity.loss_terms import loss_term_scale
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -17,16 +19,73 @@ def test_frameworks_agree_within_tolerance_table(dtype):
                                 with_reverse_loop=False)
     t = torch_runner.run_schedule(cfg, params, tokens, every_k(2), hparams=hp, timing_repeats=1,
                                   with_reverse_loop=False)
-    tol = tolerance_for(dtype).max_rel_err
-    assert max_rel_err({"loss": j["loss"]}, {"loss": t["loss"]}) <= tol
-    err = max_rel_err(j["grads"], t["grads"])
-    assert err <= tol
+    scale = loss_term_scale(cfg, params, tokens)
+    r = cross_check(j["loss"], t["loss"], j["grads"], t["grads"], scale, dtype)
+    assert r["ok"], r
     # the comparison is not vacuous: the gradients are nonzero and differ from the weights' scale
     assert all(abs(g).max() > 0 for g in t["grads"].values())
+    # one gradient tensor off by one part in a thousand fails (rounding stays far below that)
+    name = r["worst_grad"]
+    wrong = dict(t["grads"], **{name: t["grads"][name] * (1 + 1e-3)})
+    bad = cross_check(j["loss"], t["loss"], j["grads"], wrong, scale, dtype)
+    assert not bad["ok"] and not bad["grads_ok"] and bad["max_rel_err_grads"] > 10 * tolerance_for(dtype).bound
     # a wrong weight conversion (transposed projection) is caught far above the tolerance
     swapped = dict(params)
     w = params["h.mlp.c_fc.weight"]
     swapped["h.mlp.c_fc.weight"] = w[:, ::-1, :].copy()
     t_bad = torch_runner.run_schedule(cfg, swapped, tokens, every_k(2), hparams=hp, timing_repeats=1,
                                       with_reverse_loop=False)
-    assert max_rel_err(j["grads"], t_bad["grads"]) > 100 * tol
+    assert max_rel_err(j["grads"], t_bad["grads"]) > 100 * tolerance_for(dtype).bound
+    assert not cross_check(j["loss"], t_bad["loss"], j["grads"], t_bad["grads"], scale, dtype)["loss_ok"]
+
+
+def test_loss_term_scale_is_the_size_of_the_cross_entropy_terms():
+    cfg = TransformerConfig(n_layer=2, d_model=32, n_head=4, d_ff=64, max_seq_len=16)
+    params, tokens = init_params(cfg, seed=0), token_batch(2, 16, seed=0)
+    t = torch_runner.run_schedule(cfg, params, tokens, every_k(1), hparams=AdamWConfig(steps=1), timing_repeats=1,
+                                  with_reverse_loop=False)
+    scale = loss_term_scale(cfg, params, tokens)
+    # at initialisation the logits are near 0: logsumexp is about log V and the terms do not cancel
+    assert float(t["loss"]) <= scale < float(t["loss"]) * 1.1
+    assert scale == pytest.approx(np.log(cfg.vocab_size), rel=0.05)
+
+
+def test_loss_term_scale_of_the_contrastive_loss_is_its_similarity_logits():
+    from torchref.encoder import CONTRASTIVE_SCALE
+
+    cfg = TransformerConfig(arch="bert", vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8,
+                            layer_norm_eps=1e-12)
+    params = init_params(cfg, seed=1)
+    ids = np.random.default_rng(0).integers(1, cfg.vocab_size, (4, 8))
+    ids[1, 5:] = 0
+    j = jax_runner.run_schedule(cfg, params, ids, every_k(1), mode="jit", hparams=AdamWConfig(steps=1),
+                                timing_repeats=1, with_reverse_loop=False, with_training=False)
+    scale = loss_term_scale(cfg, params, ids)
+    # logits are 20 * cosine similarities: each term is at most 20 + log(pairs) in size
+    assert float(j["loss"]) <= scale <= 2 * (CONTRASTIVE_SCALE + np.log(2))
+    assert scale > 10  # random embeddings are alike (cosine near 1): the terms are near 20, not near the loss
+
+
+def test_suite_cross_row_fields_and_report_columns():
+    from parity.report import CROSS_COLUMNS, cross_row
+    from parity.suite import _cross
+
+    g = {"w": np.ones((2, 3), np.float32)}
+    row = _cross("sqrt", "float32", {"loss": np.float32(0.02), "grads": g},
+                 {"loss": np.float32(0.02) + np.float32(5e-7), "grads": g}, 33.1)
+    assert row["ok"] and row["error"] is None and row["loss_term_scale"] == 33.1
+    assert row["tolerance"] == tolerance_for("float32").bound
+    assert row["tolerance_loss"] == tolerance_for("float32", "loss").bound
+    assert row["tolerance_reason"] == tolerance_for("float32").reason and "terms" in row["tolerance_loss_reason"]
+    assert row["loss_err"] == pytest.approx(5e-7 / 33.1, rel=1e-2) and row["max_rel_err_loss"] > row["loss_err"]
+    shown = dict(zip(CROSS_COLUMNS, cross_row(row)))
+    assert shown["loss err"] == f"{row['loss_err']:.2e}" and shown["grads tol"] == f"{row['tolerance']:.2e}"
+    assert shown["ok"] == "yes"
+    # a row of a report without the loss-term fields shows its plain relative error, marked
+    old = {"schedule": "none", "dtype": "float32", "max_rel_err_loss": 1e-6, "max_rel_err_grads": 2e-6,
+           "tolerance": 1e-5, "ok": True}
+    assert cross_row(old)[2:4] == ["1.00e-06 (rel)", "1.00e-05"]
+    missing = _cross("none", "float32", None, {"loss": 1.0, "grads": g}, 1.0)
+    assert not missing["ok"] and "did not complete" in missing["error"]
+    no_scale = _cross("none", "float32", {"loss": 1.0, "grads": g}, {"loss": 1.0, "grads": g}, None, "scale: boom")
+    assert not no_scale["ok"] and no_scale["error"] == "scale: boom"
