@@ -164,11 +164,11 @@ def cmd_run(args) -> int:
     except (ValueError, OutputDirError) as exc:
         cc.error(console, exc)
         return 2
-    previous = cc.install_interrupt_handler()
+    previous = cc.install_interrupt_handler(lock)
     try:
         return _run_locked(args, suite, console, kept, lock, environment_info())
     except WriteError as exc:
-        cc.error(console, f"{exc}; the report already in {args.out} (if any) is kept whole; free space and run again")
+        cc.error(console, f"{exc}; the report already in {args.out} (if any) is kept whole; make room (or raise the limit) and run again")
         return 2
     finally:
         cc.restore_interrupt_handler(previous)

@@ -118,14 +118,16 @@ def claim_out_dir(out: Path, overwrite: bool, files: tuple[str, ...]) -> tuple[O
         raise
 
 
-def install_interrupt_handler():
+def install_interrupt_handler(lock: OutDirLock | None = None):
     """Ctrl-C: the first raises KeyboardInterrupt (the command keeps what finished and exits 130);
-    a second one while that is handled exits 130 at once, without a traceback.
+    a second one while that is handled releases ``lock`` and exits 130 at once, without a traceback.
 
     Returns the previous handler (for :func:`restore_interrupt_handler`), or None off the main thread.
     """
     def again(signum, frame):
         os.write(2, b"interrupted again: exiting now\n")
+        if lock is not None:
+            lock.release()
         os._exit(EXIT_INTERRUPTED)
 
     def first(signum, frame):

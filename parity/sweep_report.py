@@ -173,12 +173,12 @@ def cmd_sweep(args) -> int:
     except (ValueError, OutputDirError) as exc:
         cc.error(console, exc)
         return 2
-    previous = cc.install_interrupt_handler()
+    previous = cc.install_interrupt_handler(lock)
     try:
         return _sweep_locked(args, sweep, console, kept, lock, environment_info())
     except WriteError as exc:
-        cc.error(console, f"{exc}; the sweep files already in {args.out} (if any) are kept whole; free space and "
-                 "run again")
+        cc.error(console, f"{exc}; the sweep files already in {args.out} (if any) are kept whole; make room (or raise the limit) "
+                 "and run again")
         return 2
     finally:
         cc.restore_interrupt_handler(previous)

@@ -59,6 +59,8 @@ def test_cli_sweep_writes_json_markdown_and_plots(tmp_path):
     data = json.loads((tmp_path / "sweep.json").read_text())
     assert set(data["slopes"]["torch"]) == {"none", "full"}
     md = (tmp_path / "sweep.md").read_text()
+    assert "- not assessed: JAX did not run in this sweep (--frameworks torch)" in md and "realized" not in md
+    assert data["complete"] is True and data["environment"]["versions"]["torch"]
     for png in ("memory_vs_depth.png", "frontier.png", "block_bytes.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"({png})" in md
     assert main(["sweep", "--depths", "x"]) == 2
