@@ -14,7 +14,10 @@ or a huge ``d_model``, vocabulary or sequence length). The estimate is a lower b
   (:func:`jaxremat.spec.activation_model.predict_peak_activation_bytes`), or the residual stream
   times 16 per layer where that model does not apply.
 
-Nothing here is O(n_layer): every count comes from the stacked parameter shapes.
+Nothing here is O(n_layer): every count comes from the stacked parameter shapes. The libraries'
+own memory and XLA's compiles are not counted: measured peak resident memory was 2.3 GiB for the
+default run (estimate 92 MiB) and 8.2 GiB for ``--model minilm-l6`` with four plans (estimate 2.8 GiB), so the check
+refuses what cannot fit, never what might.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def check_fits(needed: int, account: str, what: str, available: int | None = Non
         available = available_memory_bytes()
     if available is None or needed <= HEADROOM * available:
         return
-    raise ValueError(f"{what} needs an estimated {fmt_bytes(needed)} of memory but {fmt_bytes(available)} is "
+    raise ValueError(f"{what} needs at least an estimated {fmt_bytes(needed)} of memory but {fmt_bytes(available)} is "
                      f"available ({account}); use a smaller configuration")
 
 

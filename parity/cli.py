@@ -44,10 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "precision, frozen parameters, running statistics and dropout with a second random op, under "
                      "every schedule kind (float32 only) (default: quick)")
     run.add_argument("--model", default=None,
-                     help=f"model preset (default: {DEFAULT_MODEL}): " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
+                     help=f"model preset (default: {DEFAULT_MODEL}): "
+                     + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
     run.add_argument("--schedules", default=None,
                      help=f"comma-separated plans SCHEDULE or SCHEDULE+POLICY to check against 'none' (schedules: "
-                     f"{', '.join(SCHEDULE_NAMES)}; policies: {', '.join(POLICY_NAMES)}; the '+' needs no quoting); "
+                     f"{', '.join(SCHEDULE_NAMES)}; policies: {', '.join(POLICY_NAMES)}; in bash, quote a value with "
+                     f"parentheses: --schedules 'every_k(2),sqrt'); "
                      f"default: the --suite's list (quick: the model's list, else {','.join(DEFAULT_SCHEDULES)})")
     run.add_argument("--checkpoint", default=None, type=Path, metavar="DIR",
                      help="run on a local Hugging Face checkpoint directory instead of a --model preset (config.json, "
@@ -135,7 +137,7 @@ def _suite_from_args(args):
                          "leave out --dtype")
     if args.suite == "stress" and preset.config.arch != "gpt":
         raise ValueError(f"--suite stress runs GPT presets; --model {preset.name} is arch {preset.config.arch!r}")
-    modes = sum(f in frameworks for f, _ in FRAMEWORK_MODES) * len(preset.dropouts or (0,))
+    modes = sum(f in frameworks for f, _ in FRAMEWORK_MODES)  # results are kept per dtype and dropout rate
     check_fits(*run_estimate(preset.config, preset.batch_size, preset.seq_len, frameworks, dtypes,
                              kept_cases=modes * (len(schedules) + 1), extra_host_bytes=file_bytes), "this run")
     suite = SuiteConfig(name=args.suite, preset=preset, schedules=schedules, dtypes=dtypes,
@@ -168,7 +170,8 @@ def cmd_run(args) -> int:
     try:
         return _run_locked(args, suite, console, kept, lock, environment_info())
     except WriteError as exc:
-        cc.error(console, f"{exc}; the report already in {args.out} (if any) is kept whole; make room (or raise the limit) and run again")
+        cc.error(console, f"{exc}; the report already in {args.out} (if any) is kept whole; make room (or raise "
+                 "the limit) and run again")
         return 2
     finally:
         cc.restore_interrupt_handler(previous)

@@ -28,7 +28,8 @@ from .names_check import expected_names, measured_names
 from .predictions import attach_predictions
 from .pretrained import preset_inputs
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+"""report.json schema: 3 writes non-finite floats as strings and adds environment and timing spreads (docs/cli.md)."""
 
 QUICK_PLANS = DEFAULT_SCHEDULES
 """The quick suite (the default): the segment schedules."""

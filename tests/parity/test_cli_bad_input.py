@@ -131,7 +131,7 @@ def test_run_larger_than_memory_is_refused_with_the_estimate(tmp_path, capsys, m
     rc, err = _run(capsys, "run", "--model", "gpt-tiny", "--out", str(tmp_path / "o"))
     assert rc == 2
     _one_line(err)
-    assert "this run needs an estimated" in err and "but 1.0 MiB is available" in err and "parameters in float32" in err
+    assert "this run needs at least an estimated" in err and "but 1.0 MiB is available" in err and "parameters in float32" in err
 
 
 def test_sweep_of_a_billion_layers_is_refused_before_any_work(tmp_path):
@@ -139,7 +139,7 @@ def test_sweep_of_a_billion_layers_is_refused_before_any_work(tmp_path):
                            "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=90)
     assert proc.returncode == 2
     _one_line(proc.stderr.strip())
-    assert "the sweep's deepest case (N=1000000000) needs an estimated" in proc.stderr
+    assert "the sweep's deepest case (N=1000000000) needs at least an estimated" in proc.stderr
 
 
 def test_second_run_into_a_locked_out_is_refused_with_the_pid(tmp_path, capsys):
