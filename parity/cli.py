@@ -23,11 +23,6 @@ DEFAULT_MODEL = "gpt-small"
 SUITES = ("quick", "full", "stress")
 
 
-def _split(text: str) -> tuple[str, ...]:
-    """Split at commas outside parentheses: ``nested(sqrt,sqrt),full`` -> two items."""
-    return split_list(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m parity",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-from .cli_util import split_list as _split
 from .sweep import DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SweepConfig, run_sweep
 
 
@@ -64,7 +63,8 @@ def sweep_from_args(args) -> SweepConfig:
         raise ValueError(f"--frameworks: unknown framework {bad[0]!r}; valid: jax, torch")
     deepest = max(*depths, args.frontier_depth)
     if deepest >= 1:
-        check_fits(*run_estimate(SWEEP_CONFIG.replace(n_layer=deepest), 2, 32, frameworks, (SWEEP_CONFIG.dtype,),
+        check_fits(*run_estimate(SWEEP_CONFIG.replace(n_layer=deepest), SweepConfig.batch_size, SweepConfig.seq_len,
+                                 frameworks, (SWEEP_CONFIG.dtype,),
                                  kept_cases=0), f"the sweep's deepest case (N={deepest})")
     if "jax" in frameworks:
         from .cli_checks import check_jax_platform
@@ -177,8 +177,8 @@ def cmd_sweep(args) -> int:
     try:
         return _sweep_locked(args, sweep, console, kept, lock, environment_info())
     except WriteError as exc:
-        cc.error(console, f"{exc}; the sweep files already in {args.out} (if any) are kept whole; make room (or raise the limit) "
-                 "and run again")
+        cc.error(console, f"{exc}; the sweep files already in {args.out} (if any) are kept whole; make room (or "
+                 "raise the limit) and run again")
         return 2
     finally:
         cc.restore_interrupt_handler(previous)
