@@ -172,8 +172,11 @@ def test_values_with_brackets_are_printed_as_text_not_markup(tmp_path, capsys, a
     assert BRACKETS in err
 
 
-def test_path_with_brackets_is_named_exactly(tmp_path, capsys):
-    target = tmp_path / "out[1]"
+def test_paths_with_brackets_are_named_exactly(tmp_path, capsys):
+    missing = tmp_path / "ckpt[red]"  # rich read "[red]" as a style and named tmp/ckpt instead
+    rc, err = _run(capsys, "run", "--checkpoint", str(missing), "--out", str(tmp_path / "o"))
+    assert rc == 2 and f"checkpoint directory {missing} does not exist" in err
+    target = tmp_path / "out[bold]"
     target.write_text("a file")
     rc, err = _run(capsys, "run", "--model", "gpt-tiny", "--out", str(target))
     assert rc == 2

@@ -22,7 +22,7 @@ def _no_debris(folder):
 
 @pytest.mark.parametrize("argv, name, limit_kib", [
     (["run", "--model", "gpt-tiny", "--schedules", "full", "--frameworks", "torch", "--repeats", "1", "--no-progress"],
-     "report.json", 4),
+     "report.json", 1),
     (TINY_SWEEP, "sweep.json", 24),
 ])
 def test_full_disk_is_one_line_and_keeps_the_last_good_file(tmp_path, argv, name, limit_kib):
