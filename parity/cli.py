@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                      f"{', '.join(SCHEDULE_NAMES)}; policies: {', '.join(POLICY_NAMES)}; in bash, quote a value with "
                      f"parentheses: --schedules 'every_k(2),sqrt'); "
                      f"default: the --suite's list (quick: the model's list, else {','.join(DEFAULT_SCHEDULES)})")
-    run.add_argument("--checkpoint", default=None, type=Path, metavar="DIR",
+    run.add_argument("--checkpoint", default=None, metavar="DIR",
                      help="run on a local Hugging Face checkpoint directory instead of a --model preset (config.json, "
                      "model.safetensors, tokenizer.json; BERT: contrastive fine-tuning on the bundled sentence "
                      "pairs; GPT-2: next-token training on the bundled corpus)")
@@ -76,8 +76,10 @@ def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | 
     args.out = out_path("--out", args.out)
     if args.checkpoint is not None and args.model is not None:
         raise ValueError("--checkpoint and --model both given; a checkpoint brings its own model: drop --model")
-    if args.checkpoint is not None and not str(args.checkpoint).strip():
-        raise ValueError("--checkpoint is empty; give a checkpoint directory")
+    if args.checkpoint is not None:
+        if not args.checkpoint.strip():
+            raise ValueError("--checkpoint is empty; give a checkpoint directory")
+        args.checkpoint = Path(args.checkpoint)
     dtypes = unique_items("--dtype", args.dtype)
     bad = [d for d in dtypes if d not in SUPPORTED_DTYPES]
     if bad:
