@@ -15,7 +15,7 @@ from pathlib import Path
 from jaxremat.spec import DEFAULT_SCHEDULES, SCHEDULE_NAMES, SUPPORTED_DTYPES
 from jaxremat.spec.policies import POLICY_NAMES
 
-from .cli_util import split_list
+from .cli_util import OneLineParser, ascii_int, split_list
 from .models import PRESETS, get_preset
 
 DEFAULT_MODEL = "gpt-small"
@@ -24,7 +24,7 @@ SUITES = ("quick", "full", "stress")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m parity",
         description="Rematerialization parity between JAX/Flax and PyTorch: gradients and trained weights of "
         "every remat schedule against no remat, byte for byte, in each framework; the two frameworks "
@@ -57,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="output directory for report.json and report.md (default: parity-report/); a previous "
                      "report there is moved to previous/<timestamp>/ unless --overwrite")
     run.add_argument("--overwrite", action="store_true", help="replace a previous report in --out instead of keeping it")
-    run.add_argument("--repeats", type=int, default=None,
+    run.add_argument("--repeats", type=ascii_int, default=None,
                      help="timed training steps per case, median reported (default: the model's, else 5)")
-    run.add_argument("--seed", type=int, default=0, help="seed of the weights and token windows (default: 0)")
+    run.add_argument("--seed", type=ascii_int, default=0, help="seed of the weights and token windows (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     from .sweep_report import add_parser as add_sweep_parser
 

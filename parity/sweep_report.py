@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from .cli_util import ascii_int
 from .sweep import DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SweepConfig, run_sweep
 
 
@@ -23,11 +24,11 @@ def add_parser(sub) -> None:
     p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
                    help=f"comma-separated plans for the depth sweep (default: {','.join(DEFAULT_SCHEDULES)})")
     p.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
-    p.add_argument("--frontier-depth", type=int, default=16,
+    p.add_argument("--frontier-depth", type=ascii_int, default=16,
                    help="depth of the time-vs-memory frontier of schedules and policies; 0 skips it (default: 16)")
     p.add_argument("--frontier-plans", default=",".join(FRONTIER_PLANS),
                    help="comma-separated plans (SCHEDULE or SCHEDULE+POLICY) on the frontier")
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per case, median reported (default: 3)")
+    p.add_argument("--repeats", type=ascii_int, default=3, help="timed steps per case, median reported (default: 3)")
     p.add_argument("--out", default="sweep-report",
                    help="output directory (default: sweep-report/); a previous sweep there is moved to "
                    "previous/<timestamp>/ unless --overwrite")

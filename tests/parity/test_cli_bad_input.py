@@ -227,3 +227,22 @@ def test_jax_platform_that_is_not_available_is_one_line(tmp_path):
     err = proc.stderr.strip()
     _one_line(err)
     assert "JAX cannot start on JAX_PLATFORMS='cuda'" in err and "--frameworks torch" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--repeats", "1_0"], "argument --repeats: '1_0' is not an integer written in ASCII digits"),
+    (["run", "--seed", "\uff12"], "argument --seed: '\uff12' is not an integer written in ASCII digits"),
+    (["sweep", "--frontier-depth", "+3"], "argument --frontier-depth: '+3' is not an integer written in ASCII digits"),
+    (["sweep", "--repeats", "\u0663"], "argument --repeats: '\u0663' is not an integer written in ASCII digits"),
+    (["run", "--repeats", "x"], "argument --repeats: 'x' is not an integer"),
+    (["run", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+    (["sweep", "--depths"], "argument --depths: expected one argument"),
+])
+def test_integer_options_and_argparse_errors_are_one_line(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2
+    _one_line(err)  # argparse alone printed its usage block first and read '1_0' as 10
+    assert message in err and err.endswith("--help"), err
+    assert os.listdir(tmp_path) == []
