@@ -165,7 +165,7 @@ def cmd_run(args) -> int:
         return 2
     previous = cc.install_interrupt_handler(lock)
     try:
-        return _run_locked(args, suite, console, kept, lock, environment_info())
+        return _run_locked(args, suite, console, kept, lock, environment_info(suite.frameworks))
     except WriteError as exc:
         cc.error(console, f"{exc}; the report already in {args.out} (if any) is kept whole; make room (or raise "
                  "the limit) and run again")

@@ -3,13 +3,15 @@
 :func:`environment_info` goes into ``report.json`` / ``sweep.json`` as ``environment``: platform,
 CPU model and core count, load average at the start (timings on a shared machine are noise),
 Python and the versions of jax, jaxlib, flax, torch and numpy (``importlib.metadata``, without
-importing them). :func:`available_memory_bytes` reads what a run may still allocate.
+importing them), and the devices each framework of the run computes on (:func:`devices`).
+:func:`available_memory_bytes` reads what a run may still allocate.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import sys
 from importlib import metadata
 
 LIBRARIES = ("jax", "jaxlib", "flax", "torch", "numpy", "rich", "safetensors", "tokenizers")
@@ -39,8 +41,32 @@ def library_versions() -> dict[str, str | None]:
     return out
 
 
-def environment_info() -> dict:
-    """The machine and the library versions, for a report (all strings and numbers)."""
+def devices(frameworks=(), torch_device: str = "cpu") -> dict[str, list[str]]:
+    """The devices each of ``frameworks`` computes on, e.g. ``{"jax": ["cpu: cpu"], "torch": ["cpu"]}``.
+
+    JAX: ``platform: device_kind`` of each ``jax.devices()`` entry (read only when jax is already
+    imported, i.e. its backend started). PyTorch: ``torch_device`` (the parity runners compute
+    on ``"cpu"``); for ``"cuda"``, the names of the CUDA devices.
+    """
+    out: dict[str, list[str]] = {}
+    jax = sys.modules.get("jax")
+    if "jax" in frameworks and jax is not None:
+        try:
+            out["jax"] = [f"{d.platform}: {d.device_kind}" for d in jax.devices()]
+        except Exception:  # a backend that cannot start is refused earlier (cli_checks.check_jax_platform)
+            out["jax"] = []
+    if "torch" in frameworks and torch_device == "cuda":
+        import torch
+
+        out["torch"] = [f"cuda: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    elif "torch" in frameworks:
+        out["torch"] = [torch_device]
+    return out
+
+
+def environment_info(frameworks=(), torch_device: str = "cpu") -> dict:
+    """The machine, the library versions and the devices of ``frameworks`` (:func:`devices`), for
+    a report (all strings and numbers)."""
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -50,7 +76,7 @@ def environment_info() -> dict:
         "cpu_count": os.cpu_count(), "load_average_1_5_15min": load,
         "memory_available_bytes": available_memory_bytes(),
         "python": platform.python_version(), "versions": library_versions(),
-        "jax_platforms": os.environ.get("JAX_PLATFORMS"),
+        "jax_platforms": os.environ.get("JAX_PLATFORMS"), "devices": devices(frameworks, torch_device),
     }
 
 

@@ -176,7 +176,7 @@ def cmd_sweep(args) -> int:
         return 2
     previous = cc.install_interrupt_handler(lock)
     try:
-        return _sweep_locked(args, sweep, console, kept, lock, environment_info())
+        return _sweep_locked(args, sweep, console, kept, lock, environment_info(sweep.frameworks))
     except WriteError as exc:
         cc.error(console, f"{exc}; the sweep files already in {args.out} (if any) are kept whole; make room (or "
                  "raise the limit) and run again")

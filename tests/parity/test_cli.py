@@ -61,6 +61,9 @@ def test_cli_report_shows_verdict_spread_and_environment(tiny_report):
     env = report["environment"]
     assert env["cpu_count"] == os.cpu_count() and env["platform"] and env["cpu_model"]
     assert {"jax", "jaxlib", "flax", "torch", "numpy"} <= set(env["versions"]) and env["versions"]["jax"]
+    import jax
+
+    assert env["devices"] == {"jax": [f"{d.platform}: {d.device_kind}" for d in jax.devices()], "torch": ["cpu"]}
     for c in report["cases"]:
         if c["step_time_s"] is None:
             assert c["time_overhead_range"] is None
