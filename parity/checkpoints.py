@@ -341,6 +341,9 @@ def check_weights_file(path, cfg: TransformerConfig, dtypes=("float32",)) -> int
     smallest = min(np.dtype(d).itemsize for d in dtypes)
     for k in expected:
         code = header[k][1]
+        if code == "BF16":
+            raise ValueError(f"{weights}: key {k!r} holds BF16, which numpy (and so this loader) cannot read; "
+                             "save the weights as F32 (e.g. `model.float().save_pretrained(...)`)")
         if code not in _FLOAT_BYTES:
             raise ValueError(f"{weights}: key {k!r} holds {code}; weights must be floats (F16, F32 or F64)")
         if _FLOAT_BYTES[code] > smallest:

@@ -91,6 +91,18 @@ def test_weights_that_do_not_match_config_are_refused_up_front(ckpt, tmp_path, c
     assert __import__("re").search(message, err), err
 
 
+def test_bfloat16_weights_are_refused_with_what_to_do(ckpt, tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    save_file({**tensors, "wte.weight": tensors["wte.weight"].to(torch.bfloat16)}, str(ckpt / "model.safetensors"))
+    rc, err = _run(capsys, "run", "--checkpoint", str(ckpt), "--out", str(tmp_path / "o"))
+    assert rc == 2
+    _one_line(err)
+    assert "'wte.weight' holds BF16, which numpy (and so this loader) cannot read; save the weights as F32" in err
+
+
 def test_float64_weights_run_in_float64_pass_the_check(ckpt):
     from parity.checkpoints import check_weights_file
 
