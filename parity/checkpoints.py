@@ -89,6 +89,23 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> TransformerConfig:
         raise ValueError(f"config.json: missing field {exc.args[0]!r} for model_type {hf.get('model_type')!r}") from None
 
 
+def read_config(path, dtype: str = "float32") -> TransformerConfig:
+    """The :class:`TransformerConfig` of ``path/config.json``; every error names that file.
+
+    Raises:
+        ValueError: the file is missing or not JSON, or :func:`config_from_hf` refuses it (the
+            message starts with the file's path, e.g. ``ckpt/config.json: TransformerConfig.n_layer
+            must be an integer >= 1, got 0``).
+    """
+    file = Path(path) / "config.json"
+    hf = _read_json(file)
+    try:
+        return config_from_hf(hf, dtype=dtype)
+    except ValueError as exc:
+        text = str(exc)
+        raise ValueError(f"{file}: {text.removeprefix('config.json: ')}") from None
+
+
 def _config_from_hf(hf: dict, dtype: str) -> TransformerConfig:
     kind = hf.get("model_type")
     if kind == "bert":
@@ -374,7 +391,7 @@ def load_hf_checkpoint(path, dtype: str = "float32") -> tuple[TransformerConfig,
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"checkpoint directory {path} does not exist (or is not a directory)")
-    cfg = config_from_hf(_read_json(path / "config.json"), dtype=dtype)
+    cfg = read_config(path, dtype=dtype)
     check_weights_file(path, cfg, (dtype,))
     weights = _weights_path(path)
     from safetensors.numpy import load_file

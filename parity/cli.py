@@ -74,6 +74,8 @@ def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | 
     from .cli_checks import out_path, unique_items
 
     args.out = out_path("--out", args.out)
+    if args.model is not None and not args.model.strip():
+        raise ValueError(f"--model is empty; give a preset ({', '.join(PRESETS)}) or leave it out for {DEFAULT_MODEL}")
     if args.checkpoint is not None and args.model is not None:
         raise ValueError("--checkpoint and --model both given; a checkpoint brings its own model: drop --model")
     if args.checkpoint is not None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxremat.spec import AdamWConfig, TransformerConfig, init_params
 
-from .checkpoints import config_from_hf, load_hf_checkpoint, _read_json
+from .checkpoints import load_hf_checkpoint, read_config
 from .data import token_batch
 from .sentences import load_tokenizer, sentence_batch, text_windows
 
@@ -66,7 +66,7 @@ def checkpoint_preset(path, batch_size: int | None = None, seq_len: int | None =
     if not path.is_dir():
         raise ValueError(f"checkpoint directory {path} does not exist (or is not a directory); it needs config.json, "
                          "model.safetensors and tokenizer.json")
-    cfg = config_from_hf(_read_json(path / "config.json"))
+    cfg = read_config(path)
     _tokenizer(path)  # fail now, not after the first case
     bert = cfg.arch == "bert"
     return ModelPreset(

@@ -127,6 +127,21 @@ def test_corrupt_tokenizer_is_one_line_exit_2(ckpt, tmp_path, capsys):
     assert "tokenizer.json cannot be read by `tokenizers`" in err
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("n_layer", 0, "TransformerConfig.n_layer must be an integer >= 1, got 0"),
+    ("n_layer", "abc", "TransformerConfig.n_layer must be an integer >= 1, got 'abc'"),
+    ("n_embd", None, "missing field 'n_embd' for model_type 'gpt2'"),
+])
+def test_bad_config_field_is_one_line_naming_the_file(ckpt, tmp_path, capsys, field, value, message):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg = {k: v for k, v in cfg.items() if k != field} if value is None else {**cfg, field: value}
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    rc, err = _run(capsys, "run", "--checkpoint", str(ckpt), "--out", str(tmp_path / "o"))
+    assert rc == 2
+    _one_line(err)
+    assert err == f"error: {ckpt / 'config.json'}: {message}"
+
+
 def test_config_depth_that_disagrees_with_the_weights_is_refused_at_once(ckpt, tmp_path):
     cfg = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**cfg, "n_layer": 10**9}))
@@ -207,6 +222,8 @@ def test_missing_minilm_prints_the_install_command_whole(tmp_path, monkeypatch, 
     (["sweep", "--out", " "], "--out is empty"),
     (["run", "--checkpoint", "x", "--model", "gpt-tiny"], "--checkpoint and --model both given"),
     (["run", "--checkpoint", ""], "--checkpoint is empty"),
+    (["run", "--model", ""], "--model is empty; give a preset (gpt-small, gpt-tiny, minilm-l6)"),
+    (["run", "--model", " "], "--model is empty"),
     (["run", "--frameworks", "torch,torch"], "--frameworks: 'torch' listed twice"),
     (["sweep", "--frameworks", "torch,torch"], "--frameworks: 'torch' listed twice"),
     (["run", "--schedules", "every_k(2),every_k(02)"], "--schedules: 'every_k(02)' is 'every_k(2)' listed twice"),
