@@ -82,6 +82,16 @@ def _with_none(plans) -> tuple[str, ...]:
     return ("none", *(p for p in plans if parse_plan(p).name != "none"))
 
 
+def _range(r) -> str:
+    return "-" if not r else f"{r[0]:.2f}-{r[1]:.2f}"
+
+
+def _cell(text) -> str:
+    """One table cell: the first line of ``text``, its ``|`` escaped."""
+    lines = str(text).strip().splitlines() or [""]
+    return lines[0].replace("|", "\\|")
+
+
 def _b(n) -> str:
     if n is None:
         return "-"
@@ -119,18 +129,22 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
     lines += ["", f"![memory vs depth]({plots['memory_vs_depth']})", ""]
     lines += ["## Every case: predicted vs measured", "",
               f"Gaps above {report['gap_limit']:.0%} are flagged. Saved bytes are predicted tensor by tensor "
-              "(jaxremat.spec.activation_model); peak activation bytes by the chain model in bytes.", "",
-              "| framework | N | plan | saved | predicted | gap | peak act. | predicted | gap | time/none | peak source | flags |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "(jaxremat.spec.activation_model); peak activation bytes by the chain model in bytes. `time/none range` = "
+              "the lowest and highest ratio any pair of timed steps gives: a range that holds 1.00 is noise at these "
+              "repeats.", "",
+              "| framework | N | plan | saved | predicted | gap | peak act. | predicted | gap | time/none | time/none range "
+              "| peak source | flags |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in report["cases"]:
         if c["error"]:
-            lines.append(f"| {c['framework']} | {c['n_layer']} | {c['plan']} | error: {c['error']} |||||||||")
+            lines.append(f"| {c['framework']} | {c['n_layer']} | {c['plan']} | error: {_cell(c['error'])} ||||||||||")
             continue
         lines.append(
             f"| {c['framework']} | {c['n_layer']} | {c['plan']} | {_b(c['saved_bytes'])} | "
             f"{_b(c['predicted_saved_bytes'])} | {_f(c['saved_gap'], '{:+.1%}')} | {_b(c['peak_activation_bytes'])} | "
             f"{_b(c['predicted_peak_activation_bytes'])} | {_f(c['peak_gap'], '{:+.1%}')} | "
-            f"{_f(c.get('time_overhead'))} | {c['peak_source']} | {'; '.join(c['flags']) or '-'} |")
+            f"{_f(c.get('time_overhead'))} | {_range(c.get('time_overhead_range'))} | {c['peak_source']} | "
+            f"{'; '.join(c['flags']) or '-'} |")
     warnings = [c["survival"]["warning"] for c in report["cases"] if c.get("survival") and c["survival"]["warning"]]
     lines += ["", "## Remat survival (JAX)", ""]
     assessed = [c for c in report["cases"] if c.get("survival")]
