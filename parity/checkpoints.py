@@ -10,6 +10,11 @@ every canonical entry must be found: a missing or unexpected key, or a shape tha
 one ``config.json`` implies, is a ValueError naming the key and both shapes. A short list of keys
 that hold no parameter of the model is dropped on purpose, each with its reason
 (:data:`IGNORED_KEYS`). Conversion is exact: transposes, concatenation and upcasts only.
+
+:func:`check_weights_file` checks ``model.safetensors`` against ``config.json`` from its header
+alone (no tensor is read): a file that is empty, truncated, corrupt or pickle bytes under that
+name, a layer count that differs from ``n_layer``, missing or unexpected keys, other shapes, and
+dtypes that do not load exactly are each one ValueError naming the file, before any work starts.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ IGNORED_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
 """Per architecture: (regex, reason) of checkpoint keys that are not model parameters."""
 
 _PREFIXES = {"bert": "bert.", "gpt2": "transformer."}
+_LAYER_KEY = {"bert": re.compile(r"encoder\.layer\.(\d+)\."), "gpt2": re.compile(r"h\.(\d+)\.")}
+_FLOAT_BYTES = {"F16": 2, "F32": 4, "F64": 8}
+"""safetensors dtype codes numpy reads as floats, with their sizes (BF16 has no numpy dtype)."""
+_SHOWN = 5
+"""Keys listed in one message at most (a config with the wrong depth would list thousands)."""
+
+
+def _listed(items: list[str]) -> list[str]:
+    return items[:_SHOWN] + ([f"and {len(items) - _SHOWN} more"] if len(items) > _SHOWN else [])
 
 
 def _read_json(path: Path) -> dict:
@@ -73,6 +87,23 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> TransformerConfig:
         return _config_from_hf(hf, dtype)
     except KeyError as exc:
         raise ValueError(f"config.json: missing field {exc.args[0]!r} for model_type {hf.get('model_type')!r}") from None
+
+
+def read_config(path, dtype: str = "float32") -> TransformerConfig:
+    """The :class:`TransformerConfig` of ``path/config.json``; every error names that file.
+
+    Raises:
+        ValueError: the file is missing or not JSON, or :func:`config_from_hf` refuses it (the
+            message starts with the file's path, e.g. ``ckpt/config.json: TransformerConfig.n_layer
+            must be an integer >= 1, got 0``).
+    """
+    file = Path(path) / "config.json"
+    hf = _read_json(file)
+    try:
+        return config_from_hf(hf, dtype=dtype)
+    except ValueError as exc:
+        text = str(exc)
+        raise ValueError(f"{file}: {text.removeprefix('config.json: ')}") from None
 
 
 def _config_from_hf(hf: dict, dtype: str) -> TransformerConfig:
@@ -175,8 +206,8 @@ def hf_to_canonical(cfg: TransformerConfig, tensors: dict[str, np.ndarray]) -> d
     if missing or unexpected:
         raise ValueError(
             "checkpoint keys do not match the model of config.json: "
-            + "; ".join([f"missing key {k!r} (expected shape {expected[k]})" for k in missing]
-                        + [f"unexpected key {k!r} (shape {t[k].shape})" for k in unexpected])
+            + "; ".join(_listed([f"missing key {k!r} (expected shape {expected[k]})" for k in missing])
+                        + _listed([f"unexpected key {k!r} (shape {t[k].shape})" for k in unexpected]))
         )
     for k, shape in expected.items():
         if t[k].shape != shape:
@@ -255,6 +286,89 @@ def save_hf_checkpoint(path, cfg: TransformerConfig, params: dict[str, np.ndarra
     return path
 
 
+def _weights_path(path: Path) -> Path:
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        hint = (" (found pytorch_model.bin: pickle files are never loaded; convert it to model.safetensors with "
+                "`safetensors`' conversion or `save_pretrained(..., safe_serialization=True)`)"
+                if (path / "pytorch_model.bin").exists() else "")
+        raise ValueError(f"{weights} not found{hint}; sharded checkpoints are not supported")
+    return weights
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _header(weights: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{key: (shape, safetensors dtype code)}`` from the file's header; no tensor is read."""
+    with open(weights, "rb") as fh:
+        head = fh.read(4)
+    if head[:1] == b"\x80" or head == b"PK\x03\x04":
+        kind = "pickle" if head[:1] == b"\x80" else "zip (torch.save)"
+        raise ValueError(f"{weights} holds {kind} bytes, not "
+                         "safetensors; pickle is never loaded: convert it with `save_pretrained(..., "
+                         "safe_serialization=True)`")
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="numpy") as fh:
+            return {k: (tuple(fh.get_slice(k).get_shape()), fh.get_slice(k).get_dtype()) for k in fh.keys()}
+    except Exception as exc:  # safetensors raises its own SafetensorError (an Exception)
+        raise ValueError(f"{weights} is not a valid safetensors file ({_first_line(exc)}); "
+                         "it is empty, truncated or corrupt: save or download it again") from None
+
+
+def check_weights_file(path, cfg: TransformerConfig, dtypes=("float32",)) -> int:
+    """Check ``path/model.safetensors`` against ``cfg`` from its header; return its size in bytes.
+
+    Args:
+        path: the checkpoint directory.
+        cfg: the config of its ``config.json`` (:func:`config_from_hf`).
+        dtypes: the dtypes the weights will be loaded in.
+
+    Raises:
+        ValueError: the file is missing, holds pickle bytes, is empty, truncated or corrupt; its
+            layers are not ``0 .. n_layer-1``; a key is missing or unexpected; a shape differs from
+            what ``config.json`` implies; or a tensor is not a float that loads exactly in every one
+            of ``dtypes``. Each message names the file and the problem.
+    """
+    path = Path(path)
+    weights = _weights_path(path)
+    hf_arch = "gpt2" if cfg.arch == "gpt" else "bert"
+    prefix = _PREFIXES[hf_arch]
+    header = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in _header(weights).items()}
+    layers = {int(m.group(1)) for k in header if (m := _LAYER_KEY[hf_arch].match(k))}
+    if len(layers) != cfg.n_layer or (layers and (min(layers), max(layers)) != (0, cfg.n_layer - 1)):  # not O(n_layer)
+        held = f"layers {min(layers)}..{max(layers)} ({len(layers)} in all)" if layers else "no layers"
+        raise ValueError(f"{path / 'config.json'} says {cfg.n_layer} layers but {weights} holds {held}; "
+                         "the two files do not belong together")
+    expected = hf_shapes(cfg)
+    missing = [k for k in expected if k not in header]
+    unexpected = [k for k in header if k not in expected and not _ignored(hf_arch, k)]
+    if missing or unexpected:
+        raise ValueError(f"{weights}: keys do not match the model of config.json: " + "; ".join(
+            _listed([f"missing key {k!r} (expected shape {expected[k]})" for k in missing])
+            + _listed([f"unexpected key {k!r} (shape {header[k][0]})" for k in unexpected])))
+    for k, shape in expected.items():
+        if header[k][0] != shape:
+            raise ValueError(f"{weights}: key {k!r}: shape {header[k][0]} in the checkpoint, expected {shape} "
+                             "from config.json")
+    smallest = min(np.dtype(d).itemsize for d in dtypes)
+    for k in expected:
+        code = header[k][1]
+        if code == "BF16":
+            raise ValueError(f"{weights}: key {k!r} holds BF16, which numpy (and so this loader) cannot read; "
+                             "save the weights as F32 (e.g. `model.float().save_pretrained(...)`)")
+        if code not in _FLOAT_BYTES:
+            raise ValueError(f"{weights}: key {k!r} holds {code}; weights must be floats (F16, F32 or F64)")
+        if _FLOAT_BYTES[code] > smallest:
+            raise ValueError(f"{weights}: key {k!r} holds {code}, which does not load exactly as "
+                             f"{min(dtypes, key=lambda d: np.dtype(d).itemsize)}; run with --dtype float64")
+    return weights.stat().st_size
+
+
 def load_hf_checkpoint(path, dtype: str = "float32") -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """Read a local Hugging Face checkpoint directory into ``(config, canonical params)``.
 
@@ -268,7 +382,8 @@ def load_hf_checkpoint(path, dtype: str = "float32") -> tuple[TransformerConfig,
 
     Raises:
         ValueError: the directory or a file is missing, only a pickle checkpoint is present,
-            ``config.json`` is unsupported, or the weights do not match it (see :func:`hf_to_canonical`).
+            ``config.json`` is unsupported, or the weights do not match it (see
+            :func:`check_weights_file` and :func:`hf_to_canonical`).
 
     Source: the ``safetensors`` format (https://huggingface.co/docs/safetensors); key names of
     Hugging Face ``BertModel`` / ``GPT2Model``.
@@ -276,13 +391,13 @@ def load_hf_checkpoint(path, dtype: str = "float32") -> tuple[TransformerConfig,
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"checkpoint directory {path} does not exist (or is not a directory)")
-    cfg = config_from_hf(_read_json(path / "config.json"), dtype=dtype)
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        hint = (" (found pytorch_model.bin: pickle files are never loaded; convert it to model.safetensors with "
-                "`safetensors`' conversion or `save_pretrained(..., safe_serialization=True)`)"
-                if (path / "pytorch_model.bin").exists() else "")
-        raise ValueError(f"{weights} not found{hint}; sharded checkpoints are not supported")
+    cfg = read_config(path, dtype=dtype)
+    check_weights_file(path, cfg, (dtype,))
+    weights = _weights_path(path)
     from safetensors.numpy import load_file
 
-    return cfg, hf_to_canonical(cfg, load_file(str(weights)))
+    try:
+        tensors = load_file(str(weights))
+    except Exception as exc:  # the header was valid; the data is not (or the file changed)
+        raise ValueError(f"{weights} cannot be read: {_first_line(exc)}") from None
+    return cfg, hf_to_canonical(cfg, tensors)

@@ -1,32 +1,30 @@
 """Command line of the parity harness: ``python -m parity run`` and ``python -m parity sweep``.
 
 Exit codes: 0 every check passed; 1 a parity check failed or a case errored; 2 bad input
-(options, output directory); 130 interrupted (the finished cases are in the report).
+(options, checkpoint files, a run too large for memory) or an output directory that cannot take
+the report (not a directory, locked by another run, full disk); 130 interrupted (the finished
+cases are in the report). Every message is one line of plain text; docs/cli.md lists them.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from jaxremat.spec import DEFAULT_SCHEDULES, SCHEDULE_NAMES, SUPPORTED_DTYPES
 from jaxremat.spec.policies import POLICY_NAMES
 
-from .cli_util import split_list
+from .cli_util import OneLineParser, ascii_int, split_list
 from .models import PRESETS, get_preset
+
+DEFAULT_MODEL = "gpt-small"
 
 SUITES = ("quick", "full", "stress")
 
 
-def _split(text: str) -> tuple[str, ...]:
-    """Split at commas outside parentheses: ``nested(sqrt,sqrt),full`` -> two items."""
-    return split_list(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m parity",
         description="Rematerialization parity between JAX/Flax and PyTorch: gradients and trained weights of "
         "every remat schedule against no remat, byte for byte, in each framework; the two frameworks "
@@ -40,26 +38,28 @@ def build_parser() -> argparse.ArgumentParser:
                      "'full' = every schedule, every named policy and nested schedule, and combinations; 'stress' = bf16 mixed "
                      "precision, frozen parameters, running statistics and dropout with a second random op, under "
                      "every schedule kind (float32 only) (default: quick)")
-    run.add_argument("--model", default="gpt-small",
-                     help="model preset: " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
+    run.add_argument("--model", default=None,
+                     help=f"model preset (default: {DEFAULT_MODEL}): "
+                     + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
     run.add_argument("--schedules", default=None,
                      help=f"comma-separated plans SCHEDULE or SCHEDULE+POLICY to check against 'none' (schedules: "
-                     f"{', '.join(SCHEDULE_NAMES)}; policies: {', '.join(POLICY_NAMES)}; the '+' needs no quoting); "
+                     f"{', '.join(SCHEDULE_NAMES)}; policies: {', '.join(POLICY_NAMES)}; in bash, quote a value with "
+                     f"parentheses: --schedules 'every_k(2),sqrt'); "
                      f"default: the --suite's list (quick: the model's list, else {','.join(DEFAULT_SCHEDULES)})")
-    run.add_argument("--checkpoint", default=None, type=Path, metavar="DIR",
-                     help="run on a local Hugging Face checkpoint directory instead of --model (config.json, "
+    run.add_argument("--checkpoint", default=None, metavar="DIR",
+                     help="run on a local Hugging Face checkpoint directory instead of a --model preset (config.json, "
                      "model.safetensors, tokenizer.json; BERT: contrastive fine-tuning on the bundled sentence "
                      "pairs; GPT-2: next-token training on the bundled corpus)")
     run.add_argument("--dtype", default="float32",
                      help=f"comma-separated dtypes among {', '.join(SUPPORTED_DTYPES)} (default: float32)")
     run.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
-    run.add_argument("--out", default="parity-report", type=Path,
+    run.add_argument("--out", default="parity-report",
                      help="output directory for report.json and report.md (default: parity-report/); a previous "
                      "report there is moved to previous/<timestamp>/ unless --overwrite")
     run.add_argument("--overwrite", action="store_true", help="replace a previous report in --out instead of keeping it")
-    run.add_argument("--repeats", type=int, default=None,
+    run.add_argument("--repeats", type=ascii_int, default=None,
                      help="timed training steps per case, median reported (default: the model's, else 5)")
-    run.add_argument("--seed", type=int, default=0, help="seed of the weights and token windows (default: 0)")
+    run.add_argument("--seed", type=ascii_int, default=0, help="seed of the weights and token windows (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     from .sweep_report import add_parser as add_sweep_parser
 
@@ -67,37 +67,68 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _suite_from_args(args):
+def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None]:
+    """dtypes, frameworks and the user's plans (None: the suite's), each checked; raises ValueError."""
     from jaxremat.spec.plan import parse_plan
 
-    from .suite import SUITE_PLANS, SuiteConfig
+    from .cli_checks import out_path, unique_items
+
+    args.out = out_path("--out", args.out)
+    if args.model is not None and not args.model.strip():
+        raise ValueError(f"--model is empty; give a preset ({', '.join(PRESETS)}) or leave it out for {DEFAULT_MODEL}")
+    if args.checkpoint is not None and args.model is not None:
+        raise ValueError("--checkpoint and --model both given; a checkpoint brings its own model: drop --model")
+    if args.checkpoint is not None:
+        if not args.checkpoint.strip():
+            raise ValueError("--checkpoint is empty; give a checkpoint directory")
+        args.checkpoint = Path(args.checkpoint)
+    dtypes = unique_items("--dtype", args.dtype)
+    bad = [d for d in dtypes if d not in SUPPORTED_DTYPES]
+    if bad:
+        raise ValueError(f"--dtype: unknown dtype {bad[0]!r}; valid: {', '.join(SUPPORTED_DTYPES)}")
+    frameworks = unique_items("--frameworks", args.frameworks)
+    badf = [f for f in frameworks if f not in ("jax", "torch")]
+    if badf:
+        raise ValueError(f"--frameworks: unknown framework {badf[0]!r}; valid: jax, torch")
+    schedules = None
+    if args.schedules is not None:
+        if not split_list(args.schedules):
+            raise ValueError(f"--schedules is empty; valid forms: {', '.join(SCHEDULE_NAMES)}")
+        schedules = unique_items("--schedules", args.schedules, canonical=lambda s: parse_plan(s).name)
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}")
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    return dtypes, frameworks, schedules
+
+
+def _preset(args, dtypes):
+    """The model preset; a checkpoint's files are checked against its config.json first."""
+    from .checkpoints import check_weights_file
 
     if args.checkpoint is not None:
         from .pretrained import checkpoint_preset
 
         preset = checkpoint_preset(args.checkpoint)
     else:
-        preset = get_preset(args.model)
+        preset = get_preset(args.model or DEFAULT_MODEL)
+    file_bytes = 0
     if preset.checkpoint is not None:
-        preset.checkpoint()  # a missing checkpoint is bad input (exit 2 with the install command)
-    dtypes = tuple(dict.fromkeys(_split(args.dtype)))
-    bad = [d for d in dtypes if d not in SUPPORTED_DTYPES]
-    if bad or not dtypes:
-        raise ValueError(f"--dtype: unknown dtype {bad or args.dtype!r}; valid: {', '.join(SUPPORTED_DTYPES)}")
-    frameworks = tuple(dict.fromkeys(_split(args.frameworks)))
-    badf = [f for f in frameworks if f not in ("jax", "torch")]
-    if badf or not frameworks:
-        raise ValueError(f"--frameworks: unknown framework {badf or args.frameworks!r}; valid: jax, torch")
-    if args.schedules is not None:
-        schedules = _split(args.schedules)
-    else:
+        path = preset.checkpoint()  # a missing checkpoint is bad input (exit 2 with the install command)
+        file_bytes = check_weights_file(path, preset.config, dtypes)
+    return preset, file_bytes
+
+
+def _suite_from_args(args):
+    """The :class:`parity.suite.SuiteConfig` of the options, every check done before any work."""
+    from .budget import check_device_fits, check_fits, run_estimate
+    from .cli_checks import check_jax_platform
+    from .suite import FRAMEWORK_MODES, SUITE_PLANS, SuiteConfig
+
+    dtypes, frameworks, schedules = _options(args)
+    preset, file_bytes = _preset(args, dtypes)
+    if schedules is None:
         schedules = (preset.schedules or SUITE_PLANS["quick"]) if args.suite == "quick" else SUITE_PLANS[args.suite]
-    if not schedules:
-        raise ValueError(f"--schedules is empty; valid forms: {', '.join(SCHEDULE_NAMES)}")
-    for s in schedules:
-        parse_plan(s)
-    if not 0 <= args.seed < 2**32:
-        raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.repeats is None:
         args.repeats = preset.repeats or 5
     if args.suite == "stress" and dtypes != ("float32",):
@@ -105,69 +136,86 @@ def _suite_from_args(args):
                          "leave out --dtype")
     if args.suite == "stress" and preset.config.arch != "gpt":
         raise ValueError(f"--suite stress runs GPT presets; --model {preset.name} is arch {preset.config.arch!r}")
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    modes = sum(f in frameworks for f, _ in FRAMEWORK_MODES)  # results are kept per dtype and dropout rate
+    check_fits(*run_estimate(preset.config, preset.batch_size, preset.seq_len, frameworks, dtypes,
+                             kept_cases=modes * (len(schedules) + 1), extra_host_bytes=file_bytes), "this run")
     suite = SuiteConfig(name=args.suite, preset=preset, schedules=schedules, dtypes=dtypes,
                         frameworks=frameworks, timing_repeats=args.repeats, seed=args.seed,
                         **({"hparams": preset.hparams} if preset.hparams is not None else {}))
     suite.schedule_objects()  # validates schedule parameters against the model depth
+    if "jax" in frameworks:
+        check_jax_platform()
+        check_device_fits(preset.config, preset.batch_size, preset.seq_len, dtypes)
     return suite
 
 
 def cmd_run(args) -> int:
+    """``python -m parity run``: check everything, lock --out, run the suite, write the report."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .report import OutputDirError, prepare_out_dir, print_tables, write_report
-    from .suite import count_cases, report_passed, run_suite
+    from . import cli_checks as cc
+    from .environment import environment_info
+    from .files import WriteError
+    from .report import REPORT_FILES, OutputDirError
 
-    console = Console(stderr=True, soft_wrap=True)
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
     try:
         suite = _suite_from_args(args)
-        kept = prepare_out_dir(args.out, args.overwrite)
+        lock, kept = cc.claim_out_dir(args.out, args.overwrite, REPORT_FILES)
     except (ValueError, OutputDirError) as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        cc.error(console, exc)
         return 2
+    previous = cc.install_interrupt_handler(lock)
+    try:
+        return _run_locked(args, suite, console, kept, lock, environment_info(suite.frameworks))
+    except WriteError as exc:
+        cc.error(console, f"{exc}; the report already in {args.out} (if any) is kept whole; make room (or raise "
+                 "the limit) and run again")
+        return 2
+    finally:
+        cc.restore_interrupt_handler(previous)
+        lock.release()
+
+
+def _run_locked(args, suite, console, kept, lock, env) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import cli_checks as cc
+    from .report import print_tables, write_report
+    from .suite import count_cases, report_passed, run_suite
+
     if kept:
-        console.print(kept)
-    total = count_cases(suite)
-
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), console=console, disable=args.no_progress, transient=True)
+        cc.note(console, kept)
+    progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
+                        disable=args.no_progress, transient=True)
     with progress:
-        task = progress.add_task("starting", total=total)
-
-        def on_start(label: str) -> None:
-            progress.update(task, description=label)
-
+        task = progress.add_task("starting", total=count_cases(suite))
         written = {"cases": 0}
 
         def write_partial(partial_report: dict) -> None:
-            write_report({**partial_report, "complete": False}, args.out)
+            write_report({**partial_report, "complete": False, "environment": env}, args.out)
             written["cases"] = len(partial_report["cases"])
 
-        def on_case(case: dict) -> None:
-            progress.advance(task)
-
         try:
-            report = run_suite(suite, on_case=on_case, on_start=on_start, on_partial=write_partial)
+            report = run_suite(suite, on_case=lambda case: progress.advance(task),
+                               on_start=lambda label: progress.update(task, description=label),
+                               on_partial=write_partial)
         except KeyboardInterrupt:
             if written["cases"]:
-                console.print(f"[yellow]interrupted[/]: {args.out / 'report.json'} holds the finished cases")
+                cc.note(console, f"interrupted: {args.out / 'report.json'} holds the {written['cases']} finished cases")
             else:
-                console.print("[yellow]interrupted[/] before any case finished: no report was written")
-            # Leave without interpreter teardown: XLA's threads can crash it after an interrupt.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(130)
+                cc.note(console, "interrupted before any case finished: no report was written")
+            cc.exit_interrupted(lock)
     report["complete"] = True
+    report["environment"] = env
     paths = write_report(report, args.out)
     print_tables(report)
-    console.print("wrote " + ", ".join(str(p) for p in paths))
+    cc.note(console, "wrote " + ", ".join(str(p) for p in paths))
     if report_passed(report):
-        console.print("[green]all parity checks passed[/]")
+        cc.note(console, "all parity checks passed", "green")
         return 0
-    console.print("[bold red]parity checks failed[/] (see the report's failed checks and errors)")
+    cc.note(console, "parity checks failed (see the report's failed checks and errors)", "bold red")
     return 1
 
 

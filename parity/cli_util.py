@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import re
+
 
 def split_list(text: str) -> tuple[str, ...]:
     """Split a comma-separated option at commas outside parentheses.
@@ -28,3 +31,33 @@ def split_list(text: str) -> tuple[str, ...]:
     if len(items) > 1 and any(not p for p in items):
         raise ValueError(f"empty item in the list {text!r}; remove the extra comma")
     return tuple(p for p in items if p)
+
+
+_ASCII_INT = re.compile(r"-?[0-9]+", re.ASCII)
+
+
+def ascii_int(text: str) -> int:
+    """An integer option's value, written in ASCII digits 0-9 with an optional leading ``-``.
+
+    Python's ``int()`` (argparse's ``type=int``) reads ``"1_0"`` as 10, ``"+3"`` as 3 and
+    fullwidth or Arabic-Indic digits as digits; an option is refused instead of being read as
+    something the user did not type.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse prints it as one line, exit 2).
+    """
+    if not _ASCII_INT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer written in ASCII digits 0-9 "
+                                         "(no sign other than '-', no '_', spaces or other numerals)")
+    return int(text)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, ``error: ...; see PROG --help``, exit 2.
+
+    argparse's own ``error`` prints the whole usage block before the message; the commands'
+    other errors are one line, and so are these. Subparsers made from it are of this class too.
+    """
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, f"error: {self.prog}: {message}; see {self.prog} --help\n")

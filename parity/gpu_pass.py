@@ -11,6 +11,7 @@ counters:
 
 Each number is written with its source (:func:`peak_source`). Without a GPU the pass exits 2 and
 says so; it never reports a silent 0 (``torch.cuda.max_memory_allocated`` returns 0 on CPU).
+``gpu_pass.json`` and ``gpu_pass.md`` are written atomically, the JSON strict (:mod:`parity.files`).
 """
 
 from __future__ import annotations
@@ -123,12 +124,17 @@ def main(argv=None) -> int:
         else:
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
     rows += _torch_cases(schedules)
+    from .environment import environment_info
+    from .files import atomic_write, json_text
+
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_pass.json").write_text(json.dumps({"model": "gpt-small", "cases": rows}, indent=1))
+    env = environment_info(("torch",), "cuda")  # the JAX cases ran in subprocesses
+    atomic_write(args.out / "gpu_pass.json", json_text({"model": "gpt-small", "cases": rows, "environment": env,
+                                                        "nonfinite_encoding": "string"}, indent=1))
     lines = ["| framework | schedule | step peak bytes | peak bytes | source |", "|---|---|---|---|---|"]
     lines += [f"| {r['framework']} | {r['schedule']} | {r.get('step_peak_bytes', 'error')} | {r.get('peak_bytes', '-')} | "
               f"{r.get('source', r.get('error', ''))[:200]} |" for r in rows]
-    (args.out / "gpu_pass.md").write_text("\n".join(lines) + "\n")
+    atomic_write(args.out / "gpu_pass.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 1 if any("error" in r for r in rows) else 0
 

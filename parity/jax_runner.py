@@ -252,4 +252,5 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
             p, opt_state = jax.block_until_ready(step(p, opt_state, tokens, step_key(1 + r)))
             times.append(time.perf_counter() - t0)
     out["step_time_s"] = float(statistics.median(times))
+    out["step_times_s"] = [float(t) for t in times]
     return out

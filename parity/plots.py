@@ -6,6 +6,8 @@
 * :func:`plot_frontier` -- step-time overhead against peak activation memory saved, one point per
   plan (schedule and policy) and framework, the Pareto frontier drawn per framework.
 * :func:`plot_block_bytes` -- one block's saved bytes by activation name, JAX and PyTorch side by side.
+
+Each file is written atomically (a temporary PNG next to it, then ``os.replace``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,23 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 _STYLE = {"jax": "-", "torch": "--"}
+
+
+def _save(fig, path: Path) -> Path:
+    """Write ``fig`` as PNG to ``path`` atomically (:func:`parity.files.atomic_target`) and close it.
+
+    Raises:
+        parity.files.WriteError: the file could not be written; a previous plot there is kept.
+    """
+    from .files import atomic_target
+
+    try:
+        fig.tight_layout()
+        with atomic_target(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    return Path(path)
 _MARK = {"jax": "o", "torch": "s"}
 
 
@@ -48,10 +67,7 @@ def plot_memory_vs_depth(report: dict, path: Path) -> Path:
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -82,10 +98,7 @@ def plot_frontier(report: dict, path: Path) -> Path:
     ax.set_title("remat frontier: time paid for memory saved")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_block_bytes(report: dict, path: Path) -> Path:
@@ -107,10 +120,7 @@ def plot_block_bytes(report: dict, path: Path) -> Path:
                  f"D={report['config']['d_model']} F={report['config']['d_ff']} H={report['config']['n_head']}")
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_plots(report: dict, out_dir: Path) -> dict[str, str]:

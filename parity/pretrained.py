@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxremat.spec import AdamWConfig, TransformerConfig, init_params
 
-from .checkpoints import config_from_hf, load_hf_checkpoint, _read_json
+from .checkpoints import load_hf_checkpoint, read_config
 from .data import token_batch
 from .sentences import load_tokenizer, sentence_batch, text_windows
 
@@ -57,13 +57,17 @@ def checkpoint_preset(path, batch_size: int | None = None, seq_len: int | None =
     0 and, when ``config.json`` sets one, with the checkpoint's dropout rate.
 
     Raises:
-        ValueError: the directory, its ``config.json`` or ``tokenizer.json`` is missing or unsupported.
+        ValueError: the directory, its ``config.json`` or ``tokenizer.json`` is missing, unsupported
+            or unreadable (the weights are checked by :func:`parity.checkpoints.check_weights_file`).
     """
     from .models import ModelPreset
 
     path = Path(path)
-    cfg = config_from_hf(_read_json(path / "config.json"))
-    load_tokenizer(path)  # fail now, not after the first case
+    if not path.is_dir():
+        raise ValueError(f"checkpoint directory {path} does not exist (or is not a directory); it needs config.json, "
+                         "model.safetensors and tokenizer.json")
+    cfg = read_config(path)
+    _tokenizer(path)  # fail now, not after the first case
     bert = cfg.arch == "bert"
     return ModelPreset(
         f"checkpoint:{path.name}", cfg.replace(dropout=0.0),
@@ -71,6 +75,18 @@ def checkpoint_preset(path, batch_size: int | None = None, seq_len: int | None =
         description=f"checkpoint {path}", checkpoint=lambda: path,
         dropouts=(0.0, cfg.dropout) if cfg.dropout > 0 else (0.0,), hparams=FINE_TUNE, eager_dropouts=(0.0,),
     )
+
+
+def _tokenizer(path: Path):
+    """The checkpoint's tokenizer; a file ``tokenizers`` cannot read is one ValueError naming it."""
+    try:
+        return load_tokenizer(path)
+    except ValueError:
+        raise
+    except Exception as exc:  # tokenizers raises a bare Exception for a corrupt file
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{Path(path) / 'tokenizer.json'} cannot be read by `tokenizers` ({reason}); "
+                         "save or download it again") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -91,7 +107,7 @@ def preset_inputs(preset, dtype: str, seed: int) -> tuple[TransformerConfig, dic
     loaded_cfg, params = _load(path, dtype)
     if loaded_cfg.replace(dropout=cfg.dropout) != cfg:
         raise ValueError(f"{path}/config.json describes {loaded_cfg}, not the preset's {cfg}")
-    tokenizer = load_tokenizer(path)
+    tokenizer = _tokenizer(path)
     if cfg.arch == "bert":
         tokens = sentence_batch(tokenizer, preset.batch_size // 2, preset.seq_len, pad_id=cfg.pad_token_id, seed=seed)
     else:

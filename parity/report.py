@@ -1,15 +1,16 @@
-"""Writing the parity report: ``report.json`` (schema 1), ``report.md`` and a terminal table (rich).
+"""Writing the parity report: ``report.json``, ``report.md`` and a terminal table (rich).
 
-Files are written atomically (temporary file + ``os.replace``), so an interrupted run never leaves
-a half-written report. A previous report in the output directory is kept: it is moved to
-``previous/<UTC timestamp>/`` unless ``overwrite`` is set.
+Files are written atomically (:mod:`parity.files`: temporary file, ``fsync``, ``os.replace``), so
+an interrupted run or a full disk never leaves a half-written report; ``report.json`` is strict
+JSON (non-finite floats as the strings ``"nan"``, ``"inf"``, ``"-inf"``; ``"nonfinite_encoding":
+"string"`` says so). A previous report in the output directory is kept: it is moved to
+``previous/<UTC timestamp>/`` unless ``overwrite`` is set. Everything printed is plain text,
+never console markup (a ``[name]`` in a value is printed as it is).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .files import NONFINITE_ENCODING, atomic_write, json_text
+
 REPORT_FILES = ("report.json", "report.md")
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 class OutputDirError(Exception):
@@ -57,19 +58,6 @@ def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_
     return f"previous report kept in {keep} (use --overwrite to replace it instead)"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; a report is meant to be read
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _fmt_bytes(n) -> str:
     if n is None:
         return "-"
@@ -91,7 +79,7 @@ def _bit(x) -> str:
 CASE_COLUMNS = ("framework", "mode", "dtype", "schedule", "status", "grads bitwise", "weights bitwise",
                 "reverse loop", "max ULP", "names as declared", "saved", "saved/none", "saved pred", "offloaded", "peak",
                 "peak/none", "peak act", "peak act pred", "units/none",
-                "recomputed", "step ms", "time/none")
+                "recomputed", "step ms", "time/none", "time/none range")
 
 
 def _fmt_gap(g) -> str:
@@ -114,7 +102,36 @@ def case_row(c: dict) -> list[str]:
         _fmt_bytes(c.get("peak_activation_bytes")), _fmt_gap(c.get("peak_gap")), _fmt_ratio(c["predicted_unit_ratio"]),
         str(c["recomputed_blocks"]),
         "-" if c["step_time_s"] is None else f"{1e3 * c['step_time_s']:.1f}", _fmt_ratio(c["time_overhead"]),
+        _fmt_range(c.get("time_overhead_range")),
     ]
+
+
+def _fmt_range(r) -> str:
+    return "-" if not r else f"{r[0]:.2f}-{r[1]:.2f}"
+
+
+_VERDICT_WORDS = {"fail": "failed", "no_saving": "saved no memory", "error": "errored"}
+
+
+def verdict(report: dict) -> str:
+    """One line: passed or not, how many cases and comparisons, and how many timings beat their noise."""
+    from .suite import report_passed
+
+    cases = report["cases"]
+    counts = {k: sum(c["status"] == k for c in cases) for k in ("pass", "fail", "no_saving", "error")}
+    cross = report.get("cross_framework") or []
+    head = ("INCOMPLETE" if report.get("complete") is False else
+            "PASS" if report_passed(report) else "FAIL")
+    parts = [f"{counts['pass']} of {len(cases)} cases passed"
+             + "".join(f", {counts[k]} {_VERDICT_WORDS[k]}" for k in ("fail", "no_saving", "error") if counts[k])]
+    if cross:
+        parts.append(f"JAX vs PyTorch within tolerance in {sum(bool(x['ok']) for x in cross)} of {len(cross)}")
+    timed = [c for c in cases if c.get("time_overhead_range") and c["schedule"] != "none"]
+    if timed:
+        resolved = sum(not (r[0] <= 1.0 <= r[1]) for r in (c["time_overhead_range"] for c in timed))
+        parts.append(f"timing: {resolved} of {len(timed)} time/none ratios lie outside the run-to-run spread "
+                     "(the others are noise at these repeats)")
+    return f"**Verdict: {head}** - " + "; ".join(parts) + "."
 
 
 def case_table(report: dict) -> tuple[tuple[str, ...], list[list[str]]]:
@@ -162,32 +179,33 @@ def print_tables(report: dict, console: Console | None = None) -> None:
     if console is None:
         console = Console()
         if not console.is_terminal:  # pipes and CI logs: do not squeeze the table into 80 columns
-            console = Console(width=220)
-    t = Table(title=f"parity: {report['model']} ({report['suite']} suite)", show_lines=False)
+            console = Console(width=240)
+    t = Table(title=Text(f"parity: {report['model']} ({report['suite']} suite)"), show_lines=False)
     columns, rows = case_table(report)
     for col in columns:
         t.add_column(col, justify="right" if col not in ("framework", "mode", "dtype", "schedule", "status") else "left")
     for c, row in zip(report["cases"], rows):
         style = {"pass": None, "fail": "red", "no_saving": "red", "error": "bold red"}.get(c["status"])
-        t.add_row(*row, style=style)
+        t.add_row(*map(Text, row), style=style)
     console.print(t)
     if report.get("peer"):
         p = Table(title="Hidden states against a peer (same weights and tokens, dropout off)")
         for col in PEER_COLUMNS:
             p.add_column(col)
         for row in report["peer"]:
-            p.add_row(*peer_row(row), style="red" if row["ok"] is False else None)
+            p.add_row(*map(Text, peer_row(row)), style="red" if row["ok"] is False else None)
         console.print(p)
     if report["cross_framework"]:
         x = Table(title="JAX vs PyTorch (same weights and tokens)")
         for col in CROSS_COLUMNS:
             x.add_column(col)
         for row in report["cross_framework"]:
-            x.add_row(*cross_row(row), style=None if row["ok"] else "red")
+            x.add_row(*map(Text, cross_row(row)), style=None if row["ok"] else "red")
         console.print(x)
     for c in report["cases"]:
         if c["status"] == "error":
-            console.print(f"[bold red]error[/] {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: {c['error']}")
+            console.print(Text.assemble(("error", "bold red"),
+                                        f" {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: {c['error']}"))
         if c["status"] == "no_saving":
             console.print(Text(f"no saving: {no_saving_line(c)}", style="red"))
 
@@ -216,6 +234,8 @@ def markdown(report: dict) -> str:
     parts = [
         f"# Parity report: {report['model']} ({report['suite']} suite)",
         "",
+        verdict(report),
+        "",
         f"Model: {cfg.get('n_layer')} layers, d_model {cfg.get('d_model')}, {cfg.get('n_head')} heads, "
         f"d_ff {cfg.get('d_ff')}; batch {data}; AdamW {report['hparams']['steps']} steps "
         f"(lr {report['hparams']['learning_rate']:g}); seed {report['seed']}.",
@@ -228,7 +248,9 @@ def markdown(report: dict) -> str:
         "`peak act pred` its prediction's gap; `names as declared` = one checkpointed block keeps exactly the activation names its "
         "policy declares (see below); `peak` = peak bytes of one training step (source per case in "
         "report.json); `units/none` = the chain model's peak units (segments + longest segment) over "
-        "`none`'s; `time/none` = median step time over `none`'s.",
+        "`none`'s; `time/none` = median step time over `none`'s; `time/none range` = the lowest and highest "
+        "ratio any pair of timed steps gives (min over `none`'s max to max over `none`'s min): a range that "
+        "holds 1.00 is noise at these repeats. Machine and library versions: `environment` in report.json.",
         "",
         _md_table(*case_table(report)),
         "",
@@ -286,8 +308,13 @@ def markdown(report: dict) -> str:
 
 
 def write_report(report: dict, out: Path) -> list[Path]:
-    """Write ``report.json`` and ``report.md`` into ``out`` atomically; return their paths."""
+    """Write ``report.json`` (strict JSON) and ``report.md`` into ``out`` atomically; return their paths.
+
+    Raises:
+        parity.files.WriteError: a file could not be written (disk full, ``ulimit -f``); the file
+            already there is kept whole.
+    """
     paths = [out / "report.json", out / "report.md"]
-    _atomic_write(paths[0], json.dumps(report, indent=2, sort_keys=False, default=float) + "\n")
-    _atomic_write(paths[1], markdown(report))
+    atomic_write(paths[0], json_text({**report, "nonfinite_encoding": NONFINITE_ENCODING}))
+    atomic_write(paths[1], markdown(report))
     return paths

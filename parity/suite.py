@@ -11,6 +11,7 @@ that raises is recorded with ``status: "error"`` and the suite goes on.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 import traceback
 from typing import Callable, Iterable
@@ -28,7 +29,8 @@ from .predictions import attach_predictions
 from .pretrained import preset_inputs
 from .saving import attach_saving
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+"""report.json schema: 3 writes non-finite floats as strings and adds environment and timing spreads (docs/cli.md)."""
 
 QUICK_PLANS = DEFAULT_SCHEDULES
 """The quick suite (the default): the segment schedules."""
@@ -122,10 +124,10 @@ def _base_case(framework, mode, name, plan: RematPlan, cfg, suite) -> dict:
         "reverse_loop_bitwise_equal": None, "max_ulp": None, "max_abs_diff": None,
         "weights_max_ulp": None, "mismatched": [],
         "residual_bytes": None, "residual_ratio": None, "peak_bytes": None, "peak_ratio": None,
-        "peak_source": None, "predicted_peak_units": peak_units(n, schedule),
-        "predicted_unit_ratio": peak_units(n, schedule) / peak_units(n, parse_schedule("none")),
-        "recomputed_blocks": recomputed_blocks(n, schedule),
-        "step_time_s": None, "time_overhead": None,
+        "peak_source": None, "predicted_peak_units": peak_units(n, schedule, plan.policy),
+        "predicted_unit_ratio": peak_units(n, schedule, plan.policy) / peak_units(n, parse_schedule("none")),
+        "recomputed_blocks": recomputed_blocks(n, schedule, plan.policy),
+        "step_time_s": None, "step_times_s": None, "time_overhead": None, "time_overhead_range": None,
     }
 
 
@@ -153,6 +155,9 @@ def _fill_case(case: dict, res: dict, ref: dict) -> None:
         step_time_s=float(res["step_time_s"]) if timed else None,
         time_overhead=res["step_time_s"] / ref["step_time_s"] if timed and ref["step_time_s"] else None,
     )
+    if timed:
+        case["step_times_s"] = _times(res)
+        case["time_overhead_range"] = overhead_range(case["step_times_s"], _times(ref))
     checks = [case["loss_bitwise_equal"], case["grads_bitwise_equal"]] + ([weights_cmp.equal] if trained else [])
     if case.get("names_ok") is not None:
         checks.append(case["names_ok"])
@@ -162,6 +167,26 @@ def _fill_case(case: dict, res: dict, ref: dict) -> None:
         case["reverse_loop_max_ulp"] = rl.max_ulp
         checks.append(rl.equal)
     case["status"] = "pass" if all(checks) else "fail"
+
+
+def _times(res: dict) -> list[float]:
+    """The timed steps behind ``res["step_time_s"]`` (seconds): the runner's list when its median is
+    that number, else the median alone (a result whose time was taken from another run)."""
+    times = res.get("step_times_s")
+    if not times or statistics.median(times) != res["step_time_s"]:
+        return [float(res["step_time_s"])]
+    return [float(t) for t in times]
+
+
+def overhead_range(times_s, ref_times_s) -> list[float] | None:
+    """The lowest and highest step-time ratio any pair of timed steps gives: ``[min(t) / max(t_ref),
+    max(t) / min(t_ref)]`` (seconds over seconds), or None without times.
+
+    A ratio whose range includes 1.0 is not resolved from noise by these repeats.
+    """
+    if not times_s or not ref_times_s or min(ref_times_s) <= 0:
+        return None
+    return [min(times_s) / max(ref_times_s), max(times_s) / min(ref_times_s)]
 
 
 def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: RematPlan, res: dict, ref: dict,
@@ -303,7 +328,8 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
                         ref = res
                         again = _run_framework(framework, mode, cfg, params, tokens, plan,
                                                dataclasses.replace(suite, timing_repeats=1), with_reverse_loop=False)
-                        _fill_case(case, {**again, "step_time_s": res["step_time_s"]}, ref)
+                        _fill_case(case, {**again, "step_time_s": res["step_time_s"],
+                                           "step_times_s": res.get("step_times_s")}, ref)
                         case["compared_with"] = "a second run of none (run-to-run determinism)"
                     elif ref is None:
                         raise RuntimeError("the no-remat reference case failed; nothing to compare against")

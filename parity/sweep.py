@@ -14,7 +14,8 @@
   ``peak_bytes_in_use`` in a fresh process per case, :mod:`parity.gpu_pass`; torch
   ``max_memory_allocated`` after a reset) less what was allocated before the step;
 * **step time** -- median of one forward+backward step, reported as a ratio to ``none`` at the
-  same depth (measured side by side in one run).
+  same depth (measured side by side in one run), with the lowest and highest ratio any pair of
+  timed steps gives (:func:`parity.suite.overhead_range`): a range that holds 1.0 is noise.
 
 It fits the log-log slope of each memory against depth per schedule (Chen et al. 2016,
 arXiv:1604.06174: about 1 for ``none``, about 0.5 for ``sqrt``, whose peak is ``2 sqrt(N)``
@@ -102,14 +103,15 @@ def _param_bytes(cfg: TransformerConfig) -> int:
     return sum(math.prod(s) for s in param_shapes(cfg).values()) * item
 
 
-def _median_time(fn, repeats: int) -> float:
+def _timed(fn, repeats: int) -> dict:
+    """``step_time_s`` (median) and ``step_times_s`` (every timed call), seconds, after one warm-up."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return float(statistics.median(times))
+    return {"step_time_s": float(statistics.median(times)), "step_times_s": [float(t) for t in times]}
 
 
 def measure_jax(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, repeats: int) -> dict:
@@ -140,7 +142,7 @@ def measure_jax(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, rep
         "peak_activation_bytes": stats["peak_bytes"] - 2 * _param_bytes(cfg),
         "peak_source": f"{stats['source']}, less parameters (arguments) and gradients (outputs)",
         "compiled": {k: v for k, v in stats.items() if k != "source"},
-        "step_time_s": _median_time(lambda: jax.block_until_ready(compiled(params, tok)), repeats),
+        **_timed(lambda: jax.block_until_ready(compiled(params, tok)), repeats),
     }
     out["dots_before"] = count_dots(lowered.as_text(), optimized=False)
     out["dots_after"] = count_dots(compiled.as_text(), optimized=True)
@@ -185,7 +187,7 @@ def measure_torch(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, r
         "peak_bytes": int(act + sum(t.untyped_storage().nbytes() for t in fixed)),
         "peak_activation_bytes": int(act),
         "peak_source": source,
-        "step_time_s": _median_time(step, repeats),
+        **_timed(step, repeats),
     }
 
 
@@ -255,12 +257,15 @@ def _attach_survival(cases: list[dict]) -> None:
 
 def _attach_ratios(cases: list[dict]) -> None:
     """Step-time and memory ratios to ``none`` at the same depth and framework."""
+    from .suite import overhead_range
+
     ref = {(c["framework"], c["n_layer"]): c for c in cases if c["plan"] == "none" and not c["error"]}
     for c in cases:
         r = ref.get((c["framework"], c["n_layer"]))
         if c["error"] or r is None:
             continue
         c["time_overhead"] = c["step_time_s"] / r["step_time_s"]
+        c["time_overhead_range"] = overhead_range(c["step_times_s"], r["step_times_s"])
         c["saved_ratio"] = c["saved_bytes"] / r["saved_bytes"]
         c["peak_activation_ratio"] = c["peak_activation_bytes"] / r["peak_activation_bytes"]
         c["memory_saved_fraction"] = 1.0 - c["peak_activation_ratio"]

@@ -1,16 +1,16 @@
 """``python -m parity sweep``: options, sweep.json, sweep.md and the plots.
 
-Exit codes: 0 the sweep ran and every case measured; 1 a case errored; 2 bad input.
+Exit codes: 0 the sweep ran and every case measured; 1 a case errored; 2 bad input (options, a
+sweep too large for memory) or an output directory that cannot take the files (not a directory,
+locked by another run, full disk); 130 interrupted (sweep.json holds the finished cases,
+``"complete": false``). Every file is written atomically; sweep.json is strict JSON.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
-from .cli_util import split_list as _split
-from .report import OutputDirError, prepare_out_dir
+from .cli_util import ascii_int
 from .sweep import DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SweepConfig, run_sweep
 
 
@@ -24,12 +24,12 @@ def add_parser(sub) -> None:
     p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
                    help=f"comma-separated plans for the depth sweep (default: {','.join(DEFAULT_SCHEDULES)})")
     p.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
-    p.add_argument("--frontier-depth", type=int, default=16,
+    p.add_argument("--frontier-depth", type=ascii_int, default=16,
                    help="depth of the time-vs-memory frontier of schedules and policies; 0 skips it (default: 16)")
     p.add_argument("--frontier-plans", default=",".join(FRONTIER_PLANS),
                    help="comma-separated plans (SCHEDULE or SCHEDULE+POLICY) on the frontier")
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per case, median reported (default: 3)")
-    p.add_argument("--out", default="sweep-report", type=Path,
+    p.add_argument("--repeats", type=ascii_int, default=3, help="timed steps per case, median reported (default: 3)")
+    p.add_argument("--out", default="sweep-report",
                    help="output directory (default: sweep-report/); a previous sweep there is moved to "
                    "previous/<timestamp>/ unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace a previous sweep in --out instead of keeping it")
@@ -38,17 +38,58 @@ def add_parser(sub) -> None:
 
 
 def sweep_from_args(args) -> SweepConfig:
-    """A :class:`SweepConfig` from parsed options; raises ValueError with what is wrong."""
-    try:
-        depths = tuple(int(d) for d in _split(args.depths))
-    except ValueError:
-        raise ValueError(f"--depths must be comma-separated integers, got {args.depths!r}") from None
+    """A :class:`SweepConfig` from parsed options; raises ValueError with what is wrong.
+
+    Every list is checked as ``run`` checks it (not empty, each item once, plans parsed), and the
+    memory of the deepest case is estimated before any plan is resolved at a depth.
+    """
+    from jaxremat.spec.plan import parse_plan
+
+    from .budget import check_fits, run_estimate
+    from .cli_checks import out_path, plain_ints, unique_items
+    from .sweep import SWEEP_CONFIG
+
+    args.out = out_path("--out", args.out)
+    depths = plain_ints("--depths", args.depths)
     if args.frontier_depth < 0:
         raise ValueError(f"--frontier-depth must be >= 0, got {args.frontier_depth}")
-    return SweepConfig(depths=depths, plans=tuple(dict.fromkeys(("none", *_split(args.schedules)))),
-                       frameworks=_split(args.frameworks), frontier_depth=args.frontier_depth or None,
-                       frontier_plans=tuple(dict.fromkeys(("none", *_split(args.frontier_plans)))),
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    plans = unique_items("--schedules", args.schedules, canonical=lambda s: parse_plan(s).name)
+    frameworks = unique_items("--frameworks", args.frameworks)
+    frontier = (unique_items("--frontier-plans", args.frontier_plans, canonical=lambda s: parse_plan(s).name)
+                if args.frontier_depth else ())
+    bad = [f for f in frameworks if f not in ("jax", "torch")]
+    if bad:
+        raise ValueError(f"--frameworks: unknown framework {bad[0]!r}; valid: jax, torch")
+    deepest = max(*depths, args.frontier_depth)
+    if deepest >= 1:
+        check_fits(*run_estimate(SWEEP_CONFIG.replace(n_layer=deepest), SweepConfig.batch_size, SweepConfig.seq_len,
+                                 frameworks, (SWEEP_CONFIG.dtype,),
+                                 kept_cases=0), f"the sweep's deepest case (N={deepest})")
+    if "jax" in frameworks:
+        from .cli_checks import check_jax_platform
+
+        check_jax_platform()
+    return SweepConfig(depths=depths, plans=_with_none(plans), frameworks=frameworks,
+                       frontier_depth=args.frontier_depth or None, frontier_plans=_with_none(frontier),
                        timing_repeats=args.repeats)
+
+
+def _with_none(plans) -> tuple[str, ...]:
+    from jaxremat.spec.plan import parse_plan
+
+    return ("none", *(p for p in plans if parse_plan(p).name != "none"))
+
+
+def _range(r) -> str:
+    return "-" if not r else f"{r[0]:.2f}-{r[1]:.2f}"
+
+
+def _cell(text) -> str:
+    """One table cell: the first line of ``text``, its ``|`` escaped."""
+    lines = str(text).strip().splitlines() or [""]
+    return lines[0].replace("|", "\\|")
 
 
 def _b(n) -> str:
@@ -88,22 +129,33 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
     lines += ["", f"![memory vs depth]({plots['memory_vs_depth']})", ""]
     lines += ["## Every case: predicted vs measured", "",
               f"Gaps above {report['gap_limit']:.0%} are flagged. Saved bytes are predicted tensor by tensor "
-              "(jaxremat.spec.activation_model); peak activation bytes by the chain model in bytes.", "",
-              "| framework | N | plan | saved | predicted | gap | peak act. | predicted | gap | time/none | peak source | flags |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "(jaxremat.spec.activation_model); peak activation bytes by the chain model in bytes. `time/none range` = "
+              "the lowest and highest ratio any pair of timed steps gives: a range that holds 1.00 is noise at these "
+              "repeats.", "",
+              "| framework | N | plan | saved | predicted | gap | peak act. | predicted | gap | time/none | time/none range "
+              "| peak source | flags |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in report["cases"]:
         if c["error"]:
-            lines.append(f"| {c['framework']} | {c['n_layer']} | {c['plan']} | error: {c['error']} |||||||||")
+            lines.append(f"| {c['framework']} | {c['n_layer']} | {c['plan']} | error: {_cell(c['error'])} ||||||||||")
             continue
         lines.append(
             f"| {c['framework']} | {c['n_layer']} | {c['plan']} | {_b(c['saved_bytes'])} | "
             f"{_b(c['predicted_saved_bytes'])} | {_f(c['saved_gap'], '{:+.1%}')} | {_b(c['peak_activation_bytes'])} | "
             f"{_b(c['predicted_peak_activation_bytes'])} | {_f(c['peak_gap'], '{:+.1%}')} | "
-            f"{_f(c.get('time_overhead'))} | {c['peak_source']} | {'; '.join(c['flags']) or '-'} |")
+            f"{_f(c.get('time_overhead'))} | {_range(c.get('time_overhead_range'))} | {c['peak_source']} | "
+            f"{'; '.join(c['flags']) or '-'} |")
     warnings = [c["survival"]["warning"] for c in report["cases"] if c.get("survival") and c["survival"]["warning"]]
     lines += ["", "## Remat survival (JAX)", ""]
-    lines += [f"- **warning**: {w}" for w in warnings] or ["- every JAX schedule's compiled program realized at "
-                                                           "least half of the saving its residuals promise"]
+    assessed = [c for c in report["cases"] if c.get("survival")]
+    if "jax" not in report["frameworks"]:
+        lines += ["- not assessed: JAX did not run in this sweep (--frameworks " + ",".join(report["frameworks"]) + ")"]
+    elif not assessed:
+        lines += ["- not assessed: no JAX schedule case finished beside a `none` case at the same depth"]
+    else:
+        lines += [f"- **warning**: {w}" for w in warnings] or [
+            f"- each of the {len(assessed)} JAX schedule cases' compiled programs realized at least half of the "
+            "saving its residuals promise"]
     if "frontier" in plots:
         lines += ["", f"## Frontier at N={report['frontier_depth']}", "", f"![frontier]({plots['frontier']})"]
     lines += ["", "## One block, tensor by tensor", ""]
@@ -124,29 +176,62 @@ def cmd_sweep(args) -> int:
     """Run the sweep and write its files; returns the exit code."""
     from rich.console import Console
 
-    from .plots import write_plots
+    from . import cli_checks as cc
+    from .environment import environment_info
+    from .files import WriteError
+    from .report import OutputDirError
 
-    console = Console(stderr=True, soft_wrap=True)
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
     try:
         sweep = sweep_from_args(args)
-        kept = prepare_out_dir(args.out, args.overwrite, files=SWEEP_FILES)
+        lock, kept = cc.claim_out_dir(args.out, args.overwrite, SWEEP_FILES)
     except (ValueError, OutputDirError) as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        cc.error(console, exc)
         return 2
+    previous = cc.install_interrupt_handler(lock)
+    try:
+        return _sweep_locked(args, sweep, console, kept, lock, environment_info(sweep.frameworks))
+    except WriteError as exc:
+        cc.error(console, f"{exc}; the sweep files already in {args.out} (if any) are kept whole; make room (or "
+                 "raise the limit) and run again")
+        return 2
+    finally:
+        cc.restore_interrupt_handler(previous)
+        lock.release()
+
+
+def _sweep_locked(args, sweep: SweepConfig, console, kept, lock, env) -> int:
+    import dataclasses
+
+    from . import cli_checks as cc
+    from .files import atomic_write, json_text
+    from .plots import write_plots
+
     if kept:
-        console.print(kept)
+        cc.note(console, kept)
+    done: list[dict] = []
 
     def on_case(c: dict) -> None:
+        done.append(c)
+        atomic_write(args.out / "sweep.json", json_text(
+            {"schema": 1, "complete": False, "nonfinite_encoding": "string", "environment": env,
+             "config": dataclasses.asdict(sweep.config), "depths": list(sweep.depths), "plans": list(sweep.plans),
+             "frameworks": list(sweep.frameworks), "cases": done}, indent=1))
         status = c["error"] or f"saved {_b(c['saved_bytes'])}, peak act. {_b(c['peak_activation_bytes'])}"
-        console.print(f"{c['framework']:5s} N={c['n_layer']:<3d} {c['plan']:28s} {status}")
+        cc.note(console, f"{c['framework']:5s} N={c['n_layer']:<3d} {c['plan']:28s} {status}")
 
-    report = run_sweep(sweep, on_case=on_case)
+    try:
+        report = run_sweep(sweep, on_case=on_case)
+    except KeyboardInterrupt:
+        cc.note(console, f"interrupted: {args.out / 'sweep.json'} holds the {len(done)} finished cases (complete: false)"
+                if done else "interrupted before any case finished: no sweep.json was written")
+        cc.exit_interrupted(lock)
     plots = write_plots(report, args.out)
-    report["plots"] = plots
-    (args.out / "sweep.json").write_text(json.dumps(report, indent=1, default=str))
-    (args.out / "sweep.md").write_text(markdown(report, plots))
+    report.update(plots=plots, complete=True, nonfinite_encoding="string", environment=env)
+    atomic_write(args.out / "sweep.json", json_text(report, indent=1))
+    atomic_write(args.out / "sweep.md", markdown(report, plots))
     for fw, plans in report["slopes"].items():
-        console.print(fw + ": " + ", ".join(f"{p} saved {_f(s['saved'])} peak {_f(s['peak_activation'])}"
-                                            for p, s in plans.items()))
-    console.print(f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.md'}, " + ", ".join(plots.values()))
+        cc.note(console, fw + ": " + ", ".join(f"{p} saved {_f(s['saved'])} peak {_f(s['peak_activation'])}"
+                                               for p, s in plans.items()))
+    cc.note(console, f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.md'}, " + ", ".join(plots.values()))
     return 1 if any(c["error"] for c in report["cases"]) else 0

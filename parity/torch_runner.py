@@ -146,6 +146,7 @@ def run_schedule(
         "peak_source": peak.source,
         "peak_breakdown": dict(peak.breakdown),
         "step_time_s": float(statistics.median(times)),
+        "step_times_s": [float(t) for t in times],
         "reverse_loop_grads": reverse_grads,
         "mode": "eager",
     }

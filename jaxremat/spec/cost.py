@@ -14,6 +14,12 @@ where it equals ``2 * sqrt(N)`` (64 blocks, 8 segments: 16). ``none`` is one seg
 ``N + 1`` units. The model cannot see inside a block, so ``full`` (N segments of one block) also
 reads ``N + 1``: per-block savings need a per-tensor account, not this model.
 
+A policy that keeps everything (``save_everything``, JAX ``everything_saveable``) turns every
+checkpointed segment back into a plain one: nothing is recomputed and every unit is kept, so
+``peak_units`` and ``recomputed_blocks`` take an optional policy and read as for ``none`` under
+it. Other policies keep part of each block and still re-run it; the unit model counts those
+blocks as recomputed.
+
 Nested schedules: while checkpointed outer segment j is recomputed and run backward under its
 inner schedule, the live units are the j outer boundaries below it, the units kept below, and
 the inner chain's own peak over the segment's length (whose first boundary is segment j's input):
@@ -22,18 +28,30 @@ the inner chain's own peak over the segment's length (whose first boundary is se
 
 from __future__ import annotations
 
-from .schedules import Schedule
+from .schedules import NoRemat, Schedule
 
 
-def peak_units(n_layer: int, schedule: Schedule) -> int:
+def _effective(schedule: Schedule, policy) -> Schedule:
+    """``none`` when the policy keeps everything (no checkpointed segment recomputes anything)."""
+    return NoRemat() if policy is not None and getattr(policy, "save_everything", False) else schedule
+
+
+def peak_units(n_layer: int, schedule: Schedule, policy=None) -> int:
     """Peak live activation units of one training step under ``schedule`` at depth N.
 
     Example: ``peak_units(64, segments(8)) == 16``; ``peak_units(64, none) == 65``.
 
+    Args:
+        n_layer: depth N.
+        schedule: the remat schedule.
+        policy: optional :class:`jaxremat.spec.policies.Policy`; ``save_everything`` keeps every
+            unit, as ``none`` does (``N + 1``). Other policies do not change the unit count.
+
     Raises:
         ValueError: ``n_layer < 1`` or the schedule is invalid for this depth.
     """
-    segs = schedule.segments_for(n_layer)
+    schedule.segments_for(n_layer)  # the schedule must resolve at this depth, whatever the policy
+    segs = _effective(schedule, policy).segments_for(n_layer)
     kept_below = 0  # units kept from the forward pass by non-checkpointed segments below j
     peak = 0
     for j, seg in enumerate(segs):
@@ -44,14 +62,21 @@ def peak_units(n_layer: int, schedule: Schedule) -> int:
     return max(peak, len(segs) + kept_below)  # the end of the forward pass
 
 
-def recomputed_blocks(n_layer: int, schedule: Schedule) -> int:
+def recomputed_blocks(n_layer: int, schedule: Schedule, policy=None) -> int:
     """Block forwards recomputed per training step: the blocks of every checkpointed segment.
 
     Nested: each checkpointed outer segment's blocks once, plus the inner schedule's recomputes
-    within it (blocks of inner checkpointed segments run a third time).
+    within it (blocks of inner checkpointed segments run a third time). Under a policy that keeps
+    everything (``save_everything``) nothing is recomputed: 0.
+
+    Raises:
+        ValueError: ``n_layer < 1`` or the schedule is invalid for this depth.
     """
     total = 0
-    for s in schedule.segments_for(n_layer):
+    segs = schedule.segments_for(n_layer)
+    if policy is not None and getattr(policy, "save_everything", False):
+        return 0
+    for s in segs:
         if s.checkpointed:
             total += s.length + (0 if s.inner is None else recomputed_blocks(s.length, s.inner))
     return total

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from .policies import POLICIES, Policy, parse_policy
-from .schedules import NoRemat, Schedule, parse_schedule
+from .schedules import NoRemat, Schedule, parse_schedule, split_top
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,14 +58,22 @@ class RematPlan:
 def parse_plan(text: "str | RematPlan") -> RematPlan:
     """Parse ``SCHEDULE`` or ``SCHEDULE+POLICY``; see the module docstring.
 
+    The ``+`` is found outside parentheses, so ``every_k(+2)`` is read as a schedule (and refused
+    for its parameter), not split into ``every_k(`` and ``2)``. A RematPlan is returned as it is.
+
     Raises:
-        ValueError: unknown schedule or policy (the messages list the valid names), or a policy
-            on ``none``.
+        ValueError: unknown schedule or policy (the messages list the valid names), a parameter
+            that is not a plain integer (:func:`jaxremat.spec.parse_schedule`), more than one
+            top-level ``+``, nothing after ``+``, or a policy on ``none``.
     """
     if isinstance(text, RematPlan):
         return text
-    t = str(text).strip().replace(" ", "")
-    sched_text, plus, policy_text = t.partition("+")
-    if plus and not policy_text:
+    if not isinstance(text, str):
+        return RematPlan(parse_schedule(text))  # a Schedule object, or a clear error for anything else
+    parts = split_top(text, "+")
+    if len(parts) > 2:
+        raise ValueError(f"plan {text!r}: more than one '+'; write SCHEDULE+POLICY, e.g. full+save_dots")
+    if len(parts) == 2 and not parts[1].strip():
         raise ValueError(f"plan {text!r}: nothing after '+'; write SCHEDULE+POLICY, e.g. full+save_dots")
-    return RematPlan(parse_schedule(sched_text), parse_policy(policy_text) if plus else POLICIES["save_nothing"])
+    policy = parse_policy(parts[1]) if len(parts) == 2 else POLICIES["save_nothing"]
+    return RematPlan(parse_schedule(parts[0]), policy)

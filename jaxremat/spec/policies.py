@@ -154,37 +154,51 @@ POLICY_NAMES = tuple(POLICIES) + tuple(a for a in MAXTEXT_ALIASES if a not in PO
     "save_names(NAME,...)", "offload_names(NAME,...)")
 
 
-def _names_arg(text: str, prefix: str) -> tuple[str, ...]:
-    body = text[len(prefix):-1]
-    names = tuple(n for n in body.split(",") if n)
-    if not names:
-        raise ValueError(f"policy {text!r}: give at least one activation name, e.g. {prefix}qkv_proj)")
+def _names_arg(text: str, kind: str, arg: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in arg.split(","))
+    if not any(names):
+        raise ValueError(f"policy {text!r}: give at least one activation name, e.g. {kind}(qkv_proj)")
+    if not all(names):
+        raise ValueError(f"policy {text!r}: empty name in the list; remove the extra comma")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"policy {text!r}: {', '.join(twice)} listed twice; list each name once")
     return names
 
 
 def parse_policy(text: "str | Policy | None") -> Policy:
     """A policy from its name, a MaxText alias, ``save_names(a,b)``/``offload_names(a,b)``, or a Policy.
 
-    None gives ``save_nothing``.
+    None gives ``save_nothing``. Parsing is strict: whitespace is allowed around parentheses
+    and commas only, and each name is given once.
 
     Raises:
-        ValueError: an unknown name (the message lists the valid ones) or an unknown activation
-            name inside ``save_names(...)`` / ``offload_names(...)``.
+        ValueError: an unknown name (the message lists the valid ones), an unknown, empty or
+            repeated activation name inside ``save_names(...)`` / ``offload_names(...)``, or a
+            value that is neither a string nor a Policy.
     """
     if text is None:
         return POLICIES["save_nothing"]
     if isinstance(text, Policy):
         return text
-    t = str(text).strip().replace(" ", "")
-    if t in POLICIES:
-        return POLICIES[t]
-    if t in MAXTEXT_ALIASES:
-        return POLICIES[MAXTEXT_ALIASES[t]]
-    if t.startswith("save_names(") and t.endswith(")"):
-        return Policy(t, save_names=frozenset(_names_arg(t, "save_names(")), description="keep the named activations")
-    if t.startswith("offload_names(") and t.endswith(")"):
-        return Policy(t, offload_names=frozenset(_names_arg(t, "offload_names(")),
-                      description="offload the named activations to host memory")
+    if not isinstance(text, str):
+        raise ValueError(f"a policy is a name such as 'save_dots' or a Policy, got {text!r} ({type(text).__name__})")
+    from .schedules import split_call
+
+    try:
+        name, arg = split_call(text, "policy")
+    except ValueError:
+        raise ValueError(f"unknown policy {text!r}; valid policies: {', '.join(POLICY_NAMES)}") from None
+    if arg is None and name in POLICIES:
+        return POLICIES[name]
+    if arg is None and name in MAXTEXT_ALIASES:
+        return POLICIES[MAXTEXT_ALIASES[name]]
+    if arg is not None and name in ("save_names", "offload_names"):
+        names = _names_arg(text, name, arg)
+        canonical = f"{name}({','.join(names)})"
+        if name == "save_names":
+            return Policy(canonical, save_names=frozenset(names), description="keep the named activations")
+        return Policy(canonical, offload_names=frozenset(names), description="offload the named activations to host memory")
     raise ValueError(f"unknown policy {text!r}; valid policies: {', '.join(POLICY_NAMES)}")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Union
 
 
@@ -206,6 +207,7 @@ class Nested:
 
 _FLAT_SCHEDULES = (NoRemat, Full, EveryK, Segments, Sqrt)
 Schedule = Union[NoRemat, Full, EveryK, Segments, Sqrt, Nested]
+_ALL_SCHEDULES = (*_FLAT_SCHEDULES, Nested)
 
 none = NoRemat()
 full = Full()
@@ -231,40 +233,97 @@ SCHEDULE_NAMES = ("none", "full", "every_k(K)", "sqrt", "segments(S)", "nested(O
 DEFAULT_SCHEDULES = ("none", "full", "every_k(2)", "sqrt", "segments(4)")
 
 
-def parse_schedule(text: str) -> Schedule:
-    """Parse a schedule name such as ``"none"``, ``"every_k(2)"``, ``"segments(4)"`` or
-    ``"nested(sqrt,every_k(2))"`` (``"nested"`` alone is ``nested(sqrt,sqrt)``).
+_CALL = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?\s*", re.ASCII | re.DOTALL)
+_PLAIN_INT = re.compile(r"\s*([0-9]+)\s*", re.ASCII)
+
+
+def split_call(text: str, what: str) -> tuple[str, str | None]:
+    """Split ``NAME`` or ``NAME(ARGS)`` (whitespace allowed around the parentheses only).
+
+    Returns ``(name, args)``, ``args`` None without parentheses.
 
     Raises:
-        ValueError: the name is unknown (the message lists the valid names) or its parameter is
-            not a valid integer.
+        ValueError: anything else (the message quotes ``text`` and names ``what`` was expected).
     """
-    t = str(text).strip().replace(" ", "")
-    if t == "nested":
-        return Nested(sqrt, sqrt)
-    if t.startswith("nested(") and t.endswith(")"):
-        body = t[len("nested("):-1]
-        depth, cut = 0, None
-        for i, ch in enumerate(body):
-            depth += ch == "("
-            depth -= ch == ")"
-            if ch == "," and depth == 0:
-                cut = i
-        if cut is None:
+    depth = 0
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if depth < 0:
+            break
+    if depth:
+        raise ValueError(f"{what} {text!r}: unbalanced parentheses")
+    m = _CALL.fullmatch(text)
+    if m is None:
+        raise ValueError(f"unknown {what} {text!r}; write a name, or a name with its parameter in parentheses"
+                         f"{'; valid schedules: ' + ', '.join(SCHEDULE_NAMES) if what == 'schedule' else ''}")
+    return m.group(1), m.group(2)
+
+
+def plain_int(text: str, arg: str, example: str) -> int:
+    """``arg`` as an int when it is ASCII digits only (no sign, ``_``, or other numerals).
+
+    Python's ``int()`` reads ``"2_0"`` as 20 and fullwidth or Arabic-Indic digits as digits; a
+    schedule parameter is refused instead of being read as something the user did not type.
+
+    Raises:
+        ValueError: ``arg`` is not a plain integer (the message quotes ``text`` and gives ``example``).
+    """
+    m = _PLAIN_INT.fullmatch(arg)
+    if m is None:
+        raise ValueError(f"schedule {text!r}: parameter {arg.strip()!r} is not an integer written in ASCII digits "
+                         f"0-9 (no sign, '_' or other numerals), e.g. {example}")
+    return int(m.group(1))
+
+
+def split_top(body: str, sep: str) -> list[str]:
+    """Split ``body`` at ``sep`` outside parentheses: ``"sqrt,every_k(2)"`` -> two items."""
+    parts, depth, cur = [], 0, ""
+    for ch in body:
+        depth += (ch == "(") - (ch == ")")
+        if ch == sep and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur]
+
+
+_PLAIN = {"none": none, "full": full, "sqrt": sqrt}
+
+
+def parse_schedule(text: "str | Schedule") -> Schedule:
+    """Parse a schedule name such as ``"none"``, ``"every_k(2)"``, ``"segments(4)"`` or
+    ``"nested(sqrt,every_k(2))"`` (``"nested"`` alone is ``nested(sqrt,sqrt)``); a schedule
+    object is returned as it is.
+
+    Parsing is strict: whitespace is allowed around parentheses and commas only; a parameter is
+    ASCII digits only (``every_k(2_0)``, ``every_k(+2)``, ``every_k(２)`` are refused, not read
+    as 20, 2 or 2); names are lower case.
+
+    Raises:
+        ValueError: the name is unknown (the message lists the valid names), its parameter is
+            not a plain integer, a parameter is missing or given to a schedule that takes none,
+            or ``text`` is neither a string nor a schedule.
+    """
+    if isinstance(text, _ALL_SCHEDULES):
+        return text
+    if not isinstance(text, str):
+        raise ValueError(f"a schedule is a name such as 'sqrt' or a schedule object, got {text!r} "
+                         f"({type(text).__name__}); valid schedules: {', '.join(SCHEDULE_NAMES)}")
+    name, arg = split_call(text, "schedule")
+    if name in _PLAIN or (name == "nested" and arg is None):
+        if arg is not None:
+            raise ValueError(f"schedule {text!r}: {name} takes no parameter; write {name}")
+        return _PLAIN[name] if name in _PLAIN else Nested(sqrt, sqrt)
+    if name == "nested":
+        parts = split_top(arg, ",")
+        if len(parts) != 2 or not all(p.strip() for p in parts):
             raise ValueError(f"schedule {text!r}: nested needs two schedules, e.g. nested(sqrt,sqrt)")
-        return Nested(parse_schedule(body[:cut]), parse_schedule(body[cut + 1:]))
-    if t == "none":
-        return none
-    if t == "full":
-        return full
-    if t == "sqrt":
-        return sqrt
-    for prefix, make in (("every_k(", every_k), ("segments(", segments)):
-        if t.startswith(prefix) and t.endswith(")"):
-            arg = t[len(prefix):-1]
-            try:
-                value = int(arg)
-            except ValueError:
-                raise ValueError(f"schedule {text!r}: parameter {arg!r} is not an integer") from None
-            return make(value)
+        return Nested(parse_schedule(parts[0]), parse_schedule(parts[1]))
+    makers = {"every_k": (every_k, "every_k(2)"), "segments": (segments, "segments(4)")}
+    if name in makers:
+        make, example = makers[name]
+        if arg is None:
+            raise ValueError(f"schedule {text!r}: {name} needs a parameter, e.g. {example}")
+        return make(plain_int(text, arg, example))
     raise ValueError(f"unknown schedule {text!r}; valid schedules: {', '.join(SCHEDULE_NAMES)}")

@@ -1,5 +1,5 @@
-"""Bad input: NaN/inf weights are failed cases (never equal), bad tokens are clear errors, an
-interrupted run leaves a valid report of the finished cases."""
+"""Bad input: NaN/inf weights are failed cases (never equal) in a report that stays standard JSON, bad
+tokens are clear errors, an interrupted run leaves a valid report of the finished cases."""
 
 import json
 import os
@@ -15,11 +15,12 @@ from jaxremat.spec import AdamWConfig, TransformerConfig, init_params, parse_sch
 from parity import jax_runner, suite as suite_mod, torch_runner
 from parity.cli import main
 from parity.models import get_preset
+from parity.report import write_report
 from parity.suite import SuiteConfig, report_passed, run_suite
 
 
 @pytest.mark.parametrize("bad", [np.nan])  # inf: tests/parity/test_compare.py
-def test_nonfinite_weights_give_failed_cases(monkeypatch, bad):
+def test_nonfinite_weights_give_failed_cases_and_standard_json(monkeypatch, tmp_path, bad):
     real = suite_mod.preset_inputs
 
     def poisoned(preset, dtype, seed):
@@ -34,6 +35,16 @@ def test_nonfinite_weights_give_failed_cases(monkeypatch, bad):
     for c in report["cases"]:
         assert c["grads_bitwise_equal"] is False and c["mismatched"], c
     assert not report_passed(report)
+    # report.json stays standard JSON: NaN losses are written as strings, never as a bare NaN token
+    write_report({**report, "complete": True}, tmp_path)
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    written = json.loads((tmp_path / "report.json").read_text(), parse_constant=refuse)
+    assert written["nonfinite_encoding"] == "string"
+    assert [c["loss"] for c in written["cases"]] == ["nan", "nan"]
+    assert (tmp_path / "report.md").read_text().splitlines()[2].startswith("**Verdict: FAIL** - 0 of 2 cases passed, 2 failed")
 
 
 CFG = TransformerConfig(vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8)

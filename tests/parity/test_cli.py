@@ -1,12 +1,17 @@
 """The main job end to end on the tiny preset: a valid report, exit codes, kept reports, bad input."""
 
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from parity.cli import main
+from parity.cli import build_parser, main
+from parity.report import CASE_COLUMNS
 from parity.suite import SCHEMA_VERSION
 
 REQUIRED_CASE_KEYS = {
@@ -46,6 +51,52 @@ def test_cli_run_writes_valid_report(tiny_report):
     assert rc == 0
     md = (out / "report.md").read_text()
     assert "| framework |" in md and "JAX vs PyTorch" in md
+
+
+def test_cli_report_shows_verdict_spread_and_environment(tiny_report):
+    _, out = tiny_report
+    report = json.loads((out / "report.json").read_text())
+    verdict = (out / "report.md").read_text().splitlines()[2]
+    assert verdict.startswith("**Verdict: PASS** - 12 of 12 cases passed; JAX vs PyTorch within tolerance in 4 of 4")
+    env = report["environment"]
+    assert env["cpu_count"] == os.cpu_count() and env["platform"] and env["cpu_model"]
+    assert {"jax", "jaxlib", "flax", "torch", "numpy"} <= set(env["versions"]) and env["versions"]["jax"]
+    import jax
+
+    assert env["devices"] == {"jax": [f"{d.platform}: {d.device_kind}" for d in jax.devices()], "torch": ["cpu"]}
+    for c in report["cases"]:
+        if c["step_time_s"] is None:
+            assert c["time_overhead_range"] is None
+            continue
+        lo, hi = c["time_overhead_range"]
+        assert len(c["step_times_s"]) == 1 and lo <= c["time_overhead"] <= hi, c
+    row = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("| jax | jit |"))
+    assert row.count("|") == len(CASE_COLUMNS) + 1
+
+
+def test_readme_case_tables_have_the_report_columns():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    headers = [line for line in readme.splitlines() if line.startswith("| framework | mode | dtype |")]
+    assert len(headers) == 2
+    with_dropout = CASE_COLUMNS[:3] + ("dropout",) + CASE_COLUMNS[3:]
+    assert sorted(headers) == sorted("| " + " | ".join(cols) + " |" for cols in (CASE_COLUMNS, with_dropout))
+
+
+def _readme_commands():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    inline = re.findall(r"`((?:python -m parity|pip install)[^`]*)`", readme)
+    options = ["python -m parity run " + o for o in re.findall(r"`(--[a-z][^` ]* [^`]+)`", readme)]  # `--dtype float32`
+    return [c.strip() for c in blocks + inline + options]
+
+
+@pytest.mark.parametrize("command", _readme_commands())
+def test_readme_commands_are_valid_bash_and_options(command):
+    assert subprocess.run(["bash", "-n", "-c", command], capture_output=True).returncode == 0, command
+    for part in command.split("&&"):
+        words = shlex.split(part)
+        if words[:3] == ["python", "-m", "parity"] and len(words) > 3 and not {"--no-deps", "--help"} & set(words):
+            build_parser().parse_args(words[3:])  # every option exists and takes its value
 
 
 def test_cli_remat_saves_less_than_none(tiny_report):

@@ -1,10 +1,13 @@
 """The suite survives a crashing case, and two runs agree on every number except timings."""
 
+import pytest
+
+from jaxremat.spec.plan import parse_plan
 from parity import torch_runner
 from parity.models import get_preset
-from parity.suite import SuiteConfig, report_passed, run_suite
+from parity.suite import SuiteConfig, _base_case, overhead_range, report_passed, run_suite
 
-TIMING_KEYS = {"step_time_s", "time_overhead", "case_wall_s"}
+TIMING_KEYS = {"step_time_s", "step_times_s", "time_overhead", "time_overhead_range", "case_wall_s"}
 
 
 def _suite(**kw):
@@ -34,3 +37,17 @@ def test_two_runs_give_identical_numbers_except_timings():
     strip = lambda r: [{k: v for k, v in c.items() if k not in TIMING_KEYS} for c in r["cases"]]  # noqa: E731
     assert strip(a) == strip(b)
     assert report_passed(a)
+
+
+@pytest.mark.parametrize("plan", ["full+save_everything", "every_k(2)+save_everything"])
+def test_case_of_a_policy_that_saves_everything_reports_no_recompute(plan):
+    p = parse_plan(plan)
+    case = _base_case("torch", "eager", p.name, p, get_preset("gpt-tiny").config, _suite())
+    assert case["recomputed_blocks"] == 0 and case["predicted_unit_ratio"] == 1.0
+    full = parse_plan("full")
+    assert _base_case("torch", "eager", "full", full, get_preset("gpt-tiny").config, _suite())["recomputed_blocks"] == 4
+
+
+def test_overhead_range_spans_every_pair_of_timed_steps():
+    assert overhead_range([2.0, 3.0, 2.5], [1.0, 2.0]) == [1.0, 3.0]
+    assert overhead_range([], [1.0]) is None

@@ -37,6 +37,31 @@ def test_slopes_and_reduction_reported(report):
     assert report["sqrt_reduction"]["n_layer"] == 4 and report["sqrt_reduction"]["unit_model"] == 5 / 4
 
 
+def test_time_ratios_come_with_their_spread(report):
+    for c in report["cases"]:
+        assert len(c["step_times_s"]) == 1 and c["step_time_s"] == c["step_times_s"][0]
+        lo, hi = c["time_overhead_range"]
+        assert lo <= c["time_overhead"] <= hi
+        if c["plan"] == "none":
+            assert lo == hi == 1.0
+
+
+def test_markdown_rows_keep_their_columns_with_an_odd_error(report):
+    import copy
+
+    from parity.sweep_report import markdown
+
+    odd = copy.deepcopy(report)
+    odd["cases"][1]["error"] = "RuntimeError: a | b\nsecond line"
+    md = markdown(odd, {"memory_vs_depth": "m.png", "block_bytes": "b.png"})
+    header = next(line for line in md.splitlines() if line.startswith("| framework | N | plan |"))
+    assert "| time/none | time/none range |" in header
+    rows = [line for line in md.splitlines() if line.startswith(f"| {odd['cases'][1]['framework']} | ")]
+    error_row = next(r for r in rows if "error: " in r)
+    assert "second line" not in md and "a \\| b" in error_row
+    assert error_row.replace("\\|", "").count("|") == header.count("|")
+
+
 def test_fit_slope():
     assert fit_slope([4, 16, 64], [8, 32, 128]) == pytest.approx(1.0)
     assert fit_slope([4, 16, 64], [2, 4, 8]) == pytest.approx(0.5)
@@ -59,6 +84,8 @@ def test_cli_sweep_writes_json_markdown_and_plots(tmp_path):
     data = json.loads((tmp_path / "sweep.json").read_text())
     assert set(data["slopes"]["torch"]) == {"none", "full"}
     md = (tmp_path / "sweep.md").read_text()
+    assert "- not assessed: JAX did not run in this sweep (--frameworks torch)" in md and "realized" not in md
+    assert data["complete"] is True and data["environment"]["versions"]["torch"]
     for png in ("memory_vs_depth.png", "frontier.png", "block_bytes.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"({png})" in md
     assert main(["sweep", "--depths", "x"]) == 2

@@ -164,3 +164,28 @@ def test_plan_policy_on_a_schedule_that_checkpoints_nothing_at_this_depth():
     with pytest.raises(ValueError, match="checkpoints no segment at n_layer=4"):
         parse_plan("segments(1)+save_dots").segments_for(4)
     assert parse_plan("segments(2)+save_dots").segments_for(4)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("every_k(+2)", r"every_k\(\+2\)': parameter '\+2' is not an integer"),  # not split at the '+'
+    ("full+save_dots+save_qkv_proj", "more than one '\\+'"),
+    ("full+save_names(qkv_proj,,)", "empty name"),
+    ("full+save_names(qkv_proj,qkv_proj)", "qkv_proj listed twice"),
+    ("full+save _dots", "unknown policy"),
+])
+def test_parse_plan_refuses_odd_values(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_plan(text)
+
+
+def test_parse_plan_canonical_names_and_objects():
+    assert parse_plan("full + save_names(qkv_proj, out_proj)").name == "full+save_names(qkv_proj,out_proj)"
+    assert parse_plan(every_k(2)).name == "every_k(2)"
+
+
+@pytest.mark.parametrize("schedule", [full, every_k(2), sqrt, nested(sqrt, sqrt)])
+def test_save_everything_recomputes_nothing_and_keeps_none_units(schedule):
+    keep_all = POLICIES["save_everything"]
+    assert recomputed_blocks(4, schedule, keep_all) == 0
+    assert peak_units(4, schedule, keep_all) == peak_units(4, none) == 5
+    assert recomputed_blocks(4, schedule, POLICIES["save_dots"]) == recomputed_blocks(4, schedule) > 0

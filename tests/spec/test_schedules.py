@@ -136,3 +136,31 @@ def test_config_rejects_bad_fields(kwargs, field):
 def test_spec_imports_neither_framework():
     code = "import jaxremat, jaxremat.spec, sys; assert 'jax' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("every_k(2_0)", r"parameter '2_0' is not an integer written in ASCII digits"),
+    ("every_k(\uff12)", "not an integer written in ASCII digits"),  # fullwidth 2
+    ("segments(\u0662)", "not an integer written in ASCII digits"),  # Arabic-Indic 2
+    ("every_k(+2)", r"parameter '\+2' is not an integer"),
+    ("every_k(-2)", r"parameter '-2' is not an integer"),
+    ("ful l", "unknown schedule 'ful l'"),
+    ("FULL", "unknown schedule 'FULL'"),
+    ("full()", "full takes no parameter"),
+    ("every_k", "every_k needs a parameter"),
+    ("every_k(2))", "unbalanced parentheses"),
+    ("nested(sqrt,every_k(2)", "unbalanced parentheses"),
+    ("nested(sqrt,)", "two schedules"),
+    (5, "got 5 \\(int\\)"),
+])
+def test_parse_schedule_refuses_odd_values_with_one_line(text, message):
+    with pytest.raises(ValueError, match=message) as info:
+        parse_schedule(text)
+    assert "\n" not in str(info.value)
+
+
+def test_parse_schedule_takes_schedule_objects_and_normalises_visibly():
+    assert parse_schedule(every_k(3)) is not None and parse_schedule(every_k(3)) == every_k(3)
+    assert parse_schedule(full) is full
+    assert parse_schedule("segments(02)").name == "segments(2)"  # the canonical name is what the report shows
+    assert parse_schedule("nested( every_k(4) , segments(2) )").name == "nested(every_k(4),segments(2))"
