@@ -99,6 +99,10 @@ def test_remat_scan_errors(tiny):
         remat_scan(fn, bp, jnp.ones(2), segments(6))
     with pytest.raises(ValueError, match="method must be one of"):
         remat_scan(fn, bp, jnp.ones(2), full, method="scan")
+    with pytest.raises(ValueError, match="unknown schedule"):
+        remat_scan(fn, bp, jnp.ones(2), "sqrtt")
+    # a schedule's name is the schedule
+    assert remat_scan(fn, bp, jnp.ones(2), "every_k(2)").shape == (2,)
 
 
 # ---------------------------------------------------------------- values: bit for bit
