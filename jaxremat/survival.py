@@ -88,8 +88,8 @@ def assess(name: str, *, none_saved: int, saved: int, none_temp: int, temp: int,
                "merged into the forward pass" if merged else
                "no matrix product was removed, so the recompute is still in the program and other buffers "
                "stay live: XLA:CPU schedules the recompute of Python-unrolled layers next to the forward pass "
-               "(stack the layers and scan them, jaxremat.render.remat_scan), and at small depths a scanned "
-               "schedule's segment-major parameter copies can outweigh the saving")
+               "(stack the layers and run them through jaxremat.render.remat_scan), and a checkpointed loop of "
+               "trip count 1 (method='checkpoint') is inlined by XLA and its recompute scheduled early")
         warning = (f"{name}: remat did not survive compilation. Its saved residuals promise "
                    f"{promised:,} bytes less than no remat, but the compiled program's temp memory is "
                    f"{temp:,} bytes against {none_temp:,} without remat (a saving of {realized:,} bytes, "
