@@ -78,7 +78,7 @@ def _bit(x) -> str:
 
 CASE_COLUMNS = ("framework", "mode", "dtype", "schedule", "status", "grads bitwise", "weights bitwise",
                 "reverse loop", "max ULP", "names as declared", "saved", "saved/none", "saved pred", "offloaded", "peak",
-                "peak/none", "peak act", "peak act pred", "units/none",
+                "peak/none", "peak act", "peak act pred", "peak act/none", "units/none",
                 "recomputed", "step ms", "time/none", "time/none range")
 
 
@@ -87,6 +87,13 @@ def _fmt_gap(g) -> str:
     if g is None:
         return "-"
     return f"{g:+.0%}" + (" !" if abs(g) > 0.10 else "")
+
+
+def _fmt_saving(sv: dict | None) -> str:
+    """Measured peak activation over none's; ' NO' when a promised saving is not realized."""
+    if not sv or sv.get("peak_activation_ratio") is None:
+        return "-"
+    return f"{sv['peak_activation_ratio']:.2f}" + (" NO" if sv.get("realized") is False else "")
 
 
 def case_row(c: dict) -> list[str]:
@@ -99,7 +106,8 @@ def case_row(c: dict) -> list[str]:
         _fmt_bytes(c["residual_bytes"]), _fmt_ratio(c["residual_ratio"]), _fmt_gap(c.get("saved_gap")),
         "-" if not c.get("offloaded_bytes") else _fmt_bytes(c["offloaded_bytes"]),
         _fmt_bytes(c["peak_bytes"]), _fmt_ratio(c["peak_ratio"]),
-        _fmt_bytes(c.get("peak_activation_bytes")), _fmt_gap(c.get("peak_gap")), _fmt_ratio(c["predicted_unit_ratio"]),
+        _fmt_bytes(c.get("peak_activation_bytes")), _fmt_gap(c.get("peak_gap")), _fmt_saving(c.get("saving")),
+        _fmt_ratio(c["predicted_unit_ratio"]),
         str(c["recomputed_blocks"]),
         "-" if c["step_time_s"] is None else f"{1e3 * c['step_time_s']:.1f}", _fmt_ratio(c["time_overhead"]),
         _fmt_range(c.get("time_overhead_range")),
@@ -245,7 +253,8 @@ def markdown(report: dict) -> str:
         "pass in device memory (parameters excluded); `offloaded` = bytes a policy moved to host memory "
         "instead; `saved pred` = the per-layer model's prediction of `saved`, as a relative gap "
         "(`!` above 10%); `peak act` = measured peak less parameters, gradients and optimizer state, "
-        "`peak act pred` its prediction's gap; `names as declared` = one checkpointed block keeps exactly the activation names its "
+        "`peak act pred` its prediction's gap; `peak act/none` the measured peak activation over `none`'s "
+        "(`NO`: the plan promises a saving, keeping fewer activations, and does not realize it: status `no_saving`); `names as declared` = one checkpointed block keeps exactly the activation names its "
         "policy declares (see below); `peak` = peak bytes of one training step (source per case in "
         "report.json); `units/none` = the chain model's peak units (segments + longest segment) over "
         "`none`'s; `time/none` = median step time over `none`'s; `time/none range` = the lowest and highest "
