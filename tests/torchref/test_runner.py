@@ -13,7 +13,7 @@ TOKENS = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, CFG.max_seq_le
 HPARAMS = AdamWConfig(steps=2)
 KEYS = {
     "loss", "grads", "trained", "residual_bytes", "residuals", "peak_bytes", "peak_source",
-    "peak_breakdown", "step_time_s", "reverse_loop_grads", "mode", "offloaded_bytes", "saved_names",
+    "peak_breakdown", "step_time_s", "step_times_s", "reverse_loop_grads", "mode", "offloaded_bytes", "saved_names",
 }
 
 
