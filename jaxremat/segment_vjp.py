@@ -155,13 +155,15 @@ def _after(values, ct_c: list):
     ``lax.optimization_barrier`` did not prevent it on XLA:CPU (jax 0.10.2: the barrier is expanded
     away before scheduling). Adding ``-0.0 * |c|``, with ``c`` one entry of the incoming cotangent,
     is the identity on every float (``x + -0.0 == x``, signed zeros and NaN included) but makes the
-    recompute wait for the backward pass of the layers above it. A NaN or inf cotangent entry
-    turns the recomputed values into NaN; the gradient it multiplies is then NaN anyway.
+    recompute wait for the backward pass of the layers above it. The tie is ``-0.0 * (c != 0)``,
+    which is -0.0 for every ``c`` (0, inf and NaN included: ``-0.0 * 0.0`` and ``-0.0 * 1.0`` are
+    both -0.0), so a non-finite cotangent entry does not leak into the recomputed values.
     """
     cts = [c for c in ct_c if c is not None]
     if not cts:
         return values
-    tie = -0.0 * jnp.abs(jnp.ravel(cts[0])[0])
+    first = jnp.ravel(cts[0])[0]
+    tie = -0.0 * (first != 0).astype(first.dtype)
 
     def tied(a):
         return a + tie.astype(a.dtype) if _differentiable(a) else a

@@ -72,8 +72,8 @@ def test_compiled_temp_bytes_smaller_for_remat(default, vg_jit):
 def test_unrolled_checkpoint_does_not_lower_compiled_temp_bytes(default):
     """DESIGN.md's claim, measured: on a Python-unrolled stack XLA undoes per-block jax.checkpoint.
 
-    At N=8 the jaxpr-level residuals drop from 26.3 MB to 1.05 MB while XLA's compiled temp bytes
-    stay at 18.4 MB (18,377,728 -> 18,385,152 bytes); the test checks the same at N=4.
+    At N=4 the jaxpr-level residuals drop 8.6x (5.65 MB -> 0.66 MB) while XLA's compiled temp bytes
+    do not move (docs/framework-differences.md, sections 1 and 6).
     """
     cfg, _, tokens = default
     cfg = cfg.replace(n_layer=4)  # 4 unrolled layers compile in half the time of 8; same effect
@@ -88,7 +88,7 @@ def test_unrolled_checkpoint_does_not_lower_compiled_temp_bytes(default):
         return cross_entropy(head(p, x, cfg), tokens[:, 1:])
 
     plain, ckpt = (lambda p: unrolled_loss(p, False)), (lambda p: unrolled_loss(p, True))
-    assert saved_activation_bytes(ckpt, params) < saved_activation_bytes(plain, params) / 10
+    assert saved_activation_bytes(ckpt, params) < saved_activation_bytes(plain, params) / 5
     temp = {name: compiled_memory(jax.value_and_grad(f), params)["temp_bytes"]
             for name, f in (("plain", plain), ("ckpt", ckpt))}
     assert temp["ckpt"] >= 0.95 * temp["plain"], temp
