@@ -114,7 +114,7 @@ def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, 
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled_value_and_grad(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, tokens_shape,
+def compiled_value_and_grad(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, tokens_shape,
                              has_key: bool, policy: Policy = SAVE_NOTHING):
     """The jitted loss+grad step compiled ahead of time, once per key.
 
@@ -204,7 +204,7 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
     step_key = (lambda i: jax.random.fold_in(key, i)) if key is not None else (lambda i: None)
     eager = mode == "eager"
     run_ctx = jax.disable_jit if eager else contextlib.nullcontext
-    compiled_vg = _compiled_value_and_grad(cfg, schedule, hparams, tuple(tokens.shape), key is not None, policy)
+    compiled_vg = compiled_value_and_grad(cfg, schedule, hparams, tuple(tokens.shape), key is not None, policy)
     vg = progs.value_and_grad if eager else compiled_vg
     step = functools.partial(progs.train_step, value_and_grad=vg, jit=not eager)
     reverse = progs.reverse_loop if eager else progs.reverse_loop_jit

@@ -49,11 +49,11 @@ def _user_stack(variant: str, base: UserStack) -> UserStack:
 
 def _run(variant, framework, mode, plan, suite, cfg, params, tokens, base: UserStack) -> dict:
     """One run of ``variant``: dict with loss, grads, trained (and state / extra checks)."""
-    from .suite import _run_framework
+    from .suite import run_framework
 
     if variant == "bf16":
         bf = cfg.replace(compute_dtype="bfloat16")
-        return _run_framework(framework, mode, bf, params, tokens, plan, suite,
+        return run_framework(framework, mode, bf, params, tokens, plan, suite,
                               with_reverse_loop=plan.name != "none" and (framework, mode) != ("jax", "jit"))
     if variant == "frozen":
         from . import stress_frozen
@@ -82,10 +82,10 @@ def _bitwise(case: dict, what: str, a: dict, b: dict) -> bool:
 def _fill(case: dict, variant: str, cfg, params, res: dict, ref: dict, steps: int) -> None:
     """Every check of one variant's case; ``status`` is pass when all hold."""
     from .stress_frozen import frozen_entries, split_trainable
-    from .suite import _fill_case
+    from .suite import fill_case
 
     if variant == "bf16":
-        _fill_case(case, res, ref)
+        fill_case(case, res, ref)
         return
     checks = [_bitwise(case, "loss", {"loss": res["loss"]}, {"loss": ref["loss"]})]
     case["loss"] = float(res["loss"])

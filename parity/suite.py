@@ -92,7 +92,7 @@ class SuiteConfig:
         return out
 
 
-def _run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPlan, suite: SuiteConfig,
+def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPlan, suite: SuiteConfig,
                    with_reverse_loop: bool):
     if framework == "jax":
         from . import jax_runner
@@ -131,7 +131,7 @@ def _base_case(framework, mode, name, plan: RematPlan, cfg, suite) -> dict:
     }
 
 
-def _fill_case(case: dict, res: dict, ref: dict) -> None:
+def fill_case(case: dict, res: dict, ref: dict) -> None:
     loss_cmp = compare_bitwise({"loss": res["loss"]}, {"loss": ref["loss"]})
     grads_cmp = compare_bitwise(res["grads"], ref["grads"])
     trained = res["trained"] is not None and ref["trained"] is not None
@@ -321,21 +321,21 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
                 try:
                     # The hand-rolled loop is checked op by op in JAX: under jit it is a different XLA
                     # program (Python-unrolled segments), fused differently (docs/framework-differences.md).
-                    res = _run_framework(framework, mode, cfg, params, tokens, plan, suite,
+                    res = run_framework(framework, mode, cfg, params, tokens, plan, suite,
                                          with_reverse_loop=name != "none" and (framework, mode) != ("jax", "jit"))
                     if name == "none":
                         # The reference is checked against a second run of itself: determinism.
                         ref = res
-                        again = _run_framework(framework, mode, cfg, params, tokens, plan,
+                        again = run_framework(framework, mode, cfg, params, tokens, plan,
                                                dataclasses.replace(suite, timing_repeats=1), with_reverse_loop=False)
-                        _fill_case(case, {**again, "step_time_s": res["step_time_s"],
+                        fill_case(case, {**again, "step_time_s": res["step_time_s"],
                                            "step_times_s": res.get("step_times_s")}, ref)
                         case["compared_with"] = "a second run of none (run-to-run determinism)"
                     elif ref is None:
                         raise RuntimeError("the no-remat reference case failed; nothing to compare against")
                     else:
                         _check_kept(case, framework, cfg, suite, plan, res, ref, names_cache)
-                        _fill_case(case, res, ref)
+                        fill_case(case, res, ref)
                         case["compared_with"] = "none"
                     attach_predictions(case, framework, cfg, suite.preset.batch_size, suite.preset.seq_len, plan, res)
                     if name != "none":

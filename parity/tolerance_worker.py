@@ -52,9 +52,9 @@ def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> dict:
     import torch
 
     from jaxremat.spec.policies import parse_policy
-    from .torch_runner import _model_and_loss
+    from .torch_runner import model_and_loss
 
-    Model, loss_fn, _ = _model_and_loss(cfg)
+    Model, loss_fn, _ = model_and_loss(cfg)
     tokens_t = torch.from_numpy(np.array(tokens, dtype=np.int64, order="C", copy=True))
     model = Model.from_params(cfg, params)
     torch.manual_seed(seed)
@@ -119,10 +119,10 @@ def _ynn_fusions(cfg, schedule, tokens) -> int:
     """How many YNNPACK fusions XLA made of the jitted loss+grad program (0: dots run on Eigen)."""
     from jaxremat.spec import AdamWConfig
     from jaxremat.spec.policies import parse_policy
-    from .jax_runner import _compiled_value_and_grad
+    from .jax_runner import compiled_value_and_grad
 
     tokens = np.asarray(tokens)
-    compiled = _compiled_value_and_grad(cfg, schedule, AdamWConfig(steps=1), tuple(tokens.shape), False,
+    compiled = compiled_value_and_grad(cfg, schedule, AdamWConfig(steps=1), tuple(tokens.shape), False,
                                         parse_policy(None))
     return compiled.as_text().count('"kind":"__ynn_fusion"')
 

@@ -23,7 +23,7 @@ from torchref.render import model_loss
 from torchref.reverse_loop import reverse_segment_loop
 
 
-def _model_and_loss(cfg: TransformerConfig):
+def model_and_loss(cfg: TransformerConfig):
     """Model class, loss and reverse loop of ``cfg``'s architecture (GPT: next-token; BERT: contrastive)."""
     if cfg.arch == "bert":
         from torchref.encoder import Encoder, encoder_loss
@@ -44,7 +44,7 @@ def _train_step(model: GPT, opt: torch.optim.Optimizer, tokens: torch.Tensor, sc
                 policy: Policy | None = None) -> None:
     opt.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    _model_and_loss(model.cfg)[1](model, tokens, schedule, policy=policy).backward()
+    model_and_loss(model.cfg)[1](model, tokens, schedule, policy=policy).backward()
     opt.step()
 
 
@@ -89,7 +89,7 @@ def run_schedule(
     if not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(f"tokens must be an integer array of shape (B, T+1), got dtype {tokens.dtype}")
     tokens_t = torch.from_numpy(np.array(tokens, dtype=np.int64, order="C", copy=True))
-    Model, model_loss, reverse_segment_loop = _model_and_loss(cfg)
+    Model, model_loss, reverse_segment_loop = model_and_loss(cfg)
 
     policy = parse_policy(policy)
 

@@ -70,7 +70,7 @@ def _bind(block: Callable, args: tuple, kwargs: dict) -> Callable[[torch.Tensor]
     return lambda x: block(x, *args, **kwargs)
 
 
-def _run_segment(blocks: Sequence[Callable]) -> Callable[[torch.Tensor], torch.Tensor]:
+def run_segment(blocks: Sequence[Callable]) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function applying ``blocks`` in order (the body of one segment)."""
 
     def run(x: torch.Tensor) -> torch.Tensor:
@@ -196,7 +196,7 @@ def _forward(blocks: list, x: torch.Tensor, schedule: Schedule, block_args: tupl
     if linted:
         sac.start_lint()
     for seg in segs:
-        run = _run_segment(bound[seg.start:seg.stop])
+        run = run_segment(bound[seg.start:seg.stop])
         if not seg.checkpointed:
             x = run(x)
             continue

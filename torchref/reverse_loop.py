@@ -31,7 +31,7 @@ import torch
 from jaxremat.spec import Schedule
 
 from .model import GPT, compute_context, lm_loss, split_tokens, torch_dtype
-from .render import _run_segment
+from .render import run_segment
 
 
 Saved = list[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]
@@ -49,7 +49,7 @@ def forward_segments(blocks: list, segs, x0: torch.Tensor, precision: Callable =
     boundary = x0.detach()
     saved: Saved = []
     for seg in segs:
-        run = _run_segment(blocks[seg.start:seg.stop])
+        run = run_segment(blocks[seg.start:seg.stop])
         if seg.checkpointed:
             rng_state = torch.get_rng_state()
             with torch.no_grad(), precision():
@@ -73,7 +73,7 @@ def backward_segments(blocks: list, segs, saved: Saved, grad_out: torch.Tensor,
             start = start.detach().requires_grad_()
             with torch.random.fork_rng(devices=[]), torch.enable_grad(), precision():
                 torch.set_rng_state(rng_state)
-                kept_out = _run_segment(blocks[seg.start:seg.stop])(start)
+                kept_out = run_segment(blocks[seg.start:seg.stop])(start)
         kept_out.backward(grad_out)
         grad_out = start.grad
     return grad_out
