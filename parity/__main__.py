@@ -1,7 +1,7 @@
-"""``python -m parity``: see :mod:`parity.cli`."""
+"""``python -m parity``: see :mod:`parity.cli.run`."""
 
 import sys
 
-from .cli import main
+from parity.cli.run import main
 
 sys.exit(main())

@@ -14,7 +14,7 @@ For each model (depth N x width D x batch B) it prints, side by side in one run:
   - ``unrolled+ckpt``: the same with ``jax.checkpoint`` around each block;
 
 * PyTorch (``torchref``, eager): peak activation bytes of one forward+backward step
-  (:func:`parity.sweep.measure_torch`: storages allocated during the step) per schedule.
+  (:func:`parity.cases.sweep.measure_torch`: storages allocated during the step) per schedule.
 
 Every ratio is to JAX ``unrolled`` (no remat) of the same model. Nothing is timed: memory plans are
 deterministic. One config is parameter-dominated (batch 1, the wider model), where a parameter
@@ -106,7 +106,7 @@ def measure(n: int, d: int, batch: int, seq: int, with_torch: bool) -> list[dict
         p = split if kind.startswith("unrolled") else params
         rows.append({"framework": "jax", "variant": kind, **_jax_row(_hand_written(kind, cfg), p, tokens, pb)})
     if with_torch:
-        from parity.sweep import measure_torch
+        from parity.cases.sweep import measure_torch
 
         for name in SCHEDULES:
             got = measure_torch(cfg, tokens_np, parse_plan(name), repeats=1)

@@ -14,7 +14,7 @@ import pytest
 
 from jaxremat.model import loss_fn
 from jaxremat.spec import TransformerConfig, init_params
-from parity.compare import compare_bitwise, ulp_distance
+from parity.checks.compare import compare_bitwise, ulp_distance
 
 TINY = TransformerConfig(vocab_size=64, n_layer=5, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 DEFAULT = TransformerConfig()  # n_layer 8, d_model 64, n_head 4, d_ff 256, T 64, float32

@@ -12,7 +12,7 @@ from jaxremat import encoder
 from jaxremat.encoder_reverse_loop import reverse_loop_value_and_grad
 from jaxremat.spec import TransformerConfig, every_k, full, init_params, none, segments, sqrt
 from jaxremat.spec.names import ACTIVATION_NAMES
-from parity.compare import compare_bitwise
+from parity.checks.compare import compare_bitwise
 
 CFG = TransformerConfig(arch="bert", vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8,
                         layer_norm_eps=1e-12)

@@ -1,10 +1,10 @@
-"""parity.jax_runner: the uniform JAX entry point of the parity harness (jit and eager modes)."""
+"""parity.runners.jax_runner: the uniform JAX entry point of the parity harness (jit and eager modes)."""
 
 import numpy as np
 import pytest
 
 from jaxremat.spec import AdamWConfig, TransformerConfig, init_params, none, sqrt
-from parity import jax_runner
+from parity.runners import jax_runner
 
 # n_layer 4: sqrt is segments(2) = one checkpointed 2-layer segment + a plain tail (bitwise under jit)
 CFG = TransformerConfig(vocab_size=32, n_layer=4, d_model=8, n_head=2, d_ff=16, max_seq_len=4)

@@ -55,7 +55,7 @@ def test_bf16_scanned_schedules_bitwise_equal_to_none(mode, bits):
 
 def _measure(flags: str | None) -> dict:
     env = {**os.environ, **({"XLA_FLAGS": flags} if flags else {})}
-    proc = subprocess.run([sys.executable, "-m", "parity.bf16_unrolled"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "parity.experiments.bf16_unrolled"], capture_output=True, text=True,
                           timeout=600, env=env, check=True)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {(r["layout"], r["mode"]): r for r in rows}

@@ -12,7 +12,7 @@ from jaxremat.policies import to_jax_policy
 from jaxremat.spec import TransformerConfig, init_params
 from jaxremat.spec.plan import parse_plan
 from jaxremat.spec.policies import POLICIES
-from parity.names_check import expected_names
+from parity.checks.names import expected_names
 
 CFG = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 B, T = 2, 8

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 from jaxremat.spec import AdamWConfig, TransformerConfig, init_params, parse_schedule
-from parity import jax_runner, suite as suite_mod, torch_runner
-from parity.cli import main
-from parity.models import get_preset
-from parity.report import write_report
-from parity.suite import SuiteConfig, report_passed, run_suite
+from parity.runners import jax_runner
+from parity.cases import suite as suite_mod
+from parity.runners import torch_runner
+from parity.cli.run import main
+from parity.inputs.presets import get_preset
+from parity.report.suite_report import write_report
+from parity.cases.suite import SuiteConfig, report_passed, run_suite
 
 
 @pytest.mark.parametrize("bad", [np.nan])  # inf: tests/parity/test_compare.py

@@ -1,9 +1,9 @@
-"""parity.budget: the memory estimate of a run, its refusal, and the device check on a GPU."""
+"""parity.cli.budget: the memory estimate of a run, its refusal, and the device check on a GPU."""
 
 import pytest
 
 from jaxremat.spec import TransformerConfig
-from parity.budget import check_device_fits, check_fits, parameter_count, run_estimate
+from parity.cli.budget import check_device_fits, check_fits, parameter_count, run_estimate
 
 TINY = TransformerConfig(vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 

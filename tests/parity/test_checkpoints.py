@@ -1,4 +1,4 @@
-"""parity.checkpoints: Hugging Face directories in and out, exact, with errors naming key and shapes."""
+"""parity.inputs.checkpoints: Hugging Face directories in and out, exact, with errors naming key and shapes."""
 
 import json
 
@@ -9,10 +9,10 @@ pytest.importorskip("safetensors", reason="safetensors is a dev/minilm extra: pi
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from jaxremat.spec import TransformerConfig, init_params  # noqa: E402
-from parity.checkpoints import (  # noqa: E402
+from parity.inputs.checkpoints import (  # noqa: E402
     config_from_hf, hf_config_dict, hf_shapes, load_hf_checkpoint, save_hf_checkpoint,
 )
-from parity.compare import compare_bitwise  # noqa: E402
+from parity.checks.compare import compare_bitwise  # noqa: E402
 
 BERT = TransformerConfig(arch="bert", vocab_size=40, n_layer=2, d_model=8, n_head=2, d_ff=16, max_seq_len=12,
                          layer_norm_eps=1e-12, dropout=0.1)

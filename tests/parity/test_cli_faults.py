@@ -67,7 +67,8 @@ def test_ctrl_c_in_sweep_keeps_the_finished_cases(tmp_path):
 SECOND_CTRL_C = textwrap.dedent("""
     import os, signal, sys, time
     import rich.console
-    from parity import cli, suite
+    from parity.cli import run as cli
+    from parity.cases import suite
 
     def interrupted_run(*args, **kwargs):  # the first Ctrl-C arrives while the suite runs
         os.kill(os.getpid(), signal.SIGINT)

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parity.compare import (EPS, TOLERANCES, compare_bitwise, cross_check, loss_error, max_rel_err, tolerance_for,
+from parity.checks.compare import (EPS, TOLERANCES, compare_bitwise, cross_check, loss_error, max_rel_err, tolerance_for,
                             ulp_distance, worst_tensor)
 
 

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 from jaxremat.spec import AdamWConfig, TransformerConfig, every_k, init_params
-from parity import jax_runner, torch_runner
-from parity.compare import cross_check, max_rel_err, tolerance_for
-from parity.data import token_batch
-from parity.loss_terms import loss_term_scale
+from parity.runners import jax_runner
+from parity.runners import torch_runner
+from parity.checks.compare import cross_check, max_rel_err, tolerance_for
+from parity.inputs.corpus import token_batch
+from parity.checks.loss_terms import loss_term_scale
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -67,8 +68,8 @@ def test_loss_term_scale_of_the_contrastive_loss_is_its_similarity_logits():
 
 
 def test_suite_cross_row_fields_and_report_columns():
-    from parity.report import CROSS_COLUMNS, cross_row
-    from parity.suite import _cross
+    from parity.report.suite_report import CROSS_COLUMNS, cross_row
+    from parity.cases.suite import _cross
 
     g = {"w": np.ones((2, 3), np.float32)}
     row = _cross("sqrt", "float32", {"loss": np.float32(0.02), "grads": g},

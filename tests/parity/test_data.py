@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from parity.data import byte_tokens, corpus_text, detokenize, token_batch
+from parity.inputs.corpus import byte_tokens, corpus_text, detokenize, token_batch
 
 
 def test_corpus_is_real_text_of_a_few_kb():

@@ -5,7 +5,7 @@ from importlib import metadata
 
 import jax
 
-from parity.environment import devices, environment_info
+from parity.report.environment import devices, environment_info
 
 
 def test_devices_name_each_framework_device():

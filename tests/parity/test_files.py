@@ -1,4 +1,4 @@
-"""parity.files: atomic writes that keep the old file on a full disk, strict JSON, the --out lock."""
+"""parity.report.files: atomic writes that keep the old file on a full disk, strict JSON, the --out lock."""
 
 import errno
 import json
@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from parity import files
-from parity.files import OutDirBusy, OutDirLock, WriteError, atomic_write, json_text
+from parity.report import files
+from parity.report.files import OutDirBusy, OutDirLock, WriteError, atomic_write, json_text
 
 
 def test_atomic_write_keeps_the_old_file_when_the_disk_is_full(tmp_path, monkeypatch):

@@ -1,9 +1,9 @@
-"""parity.gpu_pass: the peak-source selection (everywhere) and the device pass (GPU only)."""
+"""parity.cases.gpu_pass: the peak-source selection (everywhere) and the device pass (GPU only)."""
 
 import pytest
 import torch
 
-from parity.gpu_pass import main, peak_source
+from parity.cases.gpu_pass import main, peak_source
 
 
 def test_gpu_backend_selects_device_counters():

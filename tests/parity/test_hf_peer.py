@@ -12,9 +12,9 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is a dev extra: pip install -e '.[dev]'")
 
 from jaxremat.spec import TransformerConfig  # noqa: E402
-from parity.checkpoints import load_hf_checkpoint  # noqa: E402
-from parity.compare import tolerance_for  # noqa: E402
-from parity.peer import peer_checks  # noqa: E402
+from parity.inputs.checkpoints import load_hf_checkpoint  # noqa: E402
+from parity.checks.compare import tolerance_for  # noqa: E402
+from parity.checks.peer import peer_checks  # noqa: E402
 from torchref.encoder import Encoder  # noqa: E402
 from torchref.model import GPT  # noqa: E402
 
@@ -89,8 +89,8 @@ def test_torch_gpt_matches_transformers_gpt2(tmp_path):
 
 def test_real_minilm_matches_transformers():
     pytest.importorskip("tokenizers", reason="tokenizers is a dev/minilm extra")
-    from parity.pretrained import minilm_dir
-    from parity.sentences import load_tokenizer, sentence_batch
+    from parity.inputs.pretrained import minilm_dir
+    from parity.inputs.sentences import load_tokenizer, sentence_batch
 
     try:
         path = minilm_dir()

@@ -1,10 +1,10 @@
-"""parity.plots: the frontier's Pareto set and the three PNGs from a small sweep report."""
+"""parity.report.plots: the frontier's Pareto set and the three PNGs from a small sweep report."""
 
 import pytest
 
 from jaxremat.spec import TransformerConfig
-from parity.plots import pareto, write_plots
-from parity.sweep import SweepConfig, run_sweep
+from parity.report.plots import pareto, write_plots
+from parity.cases.sweep import SweepConfig, run_sweep
 
 
 def test_pareto_keeps_only_undominated_points():

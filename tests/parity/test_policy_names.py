@@ -6,7 +6,7 @@ import pytest
 
 from jaxremat.spec import TransformerConfig
 from jaxremat.spec.policies import POLICIES
-from parity.names_check import NOT_READ_IN_BLOCK, measured_names
+from parity.checks.names import NOT_READ_IN_BLOCK, measured_names
 
 CFG = TransformerConfig(vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 

@@ -1,10 +1,10 @@
-"""parity.saving: a plan that promises a saving its measured peak does not realize fails the run."""
+"""parity.checks.saving: a plan that promises a saving its measured peak does not realize fails the run."""
 
 from jaxremat.spec import TransformerConfig
 from jaxremat.spec.plan import parse_plan
-from parity.models import get_preset
-from parity.saving import STATUS, attach_saving
-from parity.suite import SuiteConfig, report_passed, run_suite
+from parity.inputs.presets import get_preset
+from parity.checks.saving import STATUS, attach_saving
+from parity.cases.suite import SuiteConfig, report_passed, run_suite
 
 CFG = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 REF = {"residual_bytes": 1000, "peak_bytes": 10_000, "peak_breakdown": {"step_increase": 8000}, "dots_compiled": 40}
@@ -66,7 +66,7 @@ def test_jax_whole_stack_segment_measured_is_no_saving():
     import numpy as np
 
     from jaxremat.spec import AdamWConfig, init_params, parse_schedule
-    from parity import jax_runner
+    from parity.runners import jax_runner
 
     cfg = CFG.replace(n_layer=2)
     params = init_params(cfg, seed=0)

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from jaxremat.spec import AdamWConfig, TransformerConfig, init_params, parse_schedule
-from parity import stress_frozen
-from parity.compare import compare_bitwise
-from parity.models import get_preset
-from parity.report import markdown
-from parity.stress import VARIANTS, run_stress
-from parity.stress_user import UserStack
-from parity.suite import SuiteConfig, report_passed
+from parity.cases import stress_frozen
+from parity.checks.compare import compare_bitwise
+from parity.inputs.presets import get_preset
+from parity.report.suite_report import markdown
+from parity.cases.stress import VARIANTS, run_stress
+from parity.cases.stress_user import UserStack
+from parity.cases.suite import SuiteConfig, report_passed
 
 MODES = {("jax", "jit"), ("jax", "eager"), ("torch", "eager")}
 

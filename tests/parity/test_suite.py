@@ -3,9 +3,9 @@
 import pytest
 
 from jaxremat.spec.plan import parse_plan
-from parity import torch_runner
-from parity.models import get_preset
-from parity.suite import SuiteConfig, _base_case, overhead_range, report_passed, run_suite
+from parity.runners import torch_runner
+from parity.inputs.presets import get_preset
+from parity.cases.suite import SuiteConfig, _base_case, overhead_range, report_passed, run_suite
 
 TIMING_KEYS = {"step_time_s", "step_times_s", "time_overhead", "time_overhead_range", "case_wall_s"}
 

@@ -1,12 +1,12 @@
-"""parity.sweep: a tiny depth sweep in both frameworks, its predictions, slopes, files and CLI."""
+"""parity.cases.sweep: a tiny depth sweep in both frameworks, its predictions, slopes, files and CLI."""
 
 import json
 
 import pytest
 
 from jaxremat.spec import TransformerConfig
-from parity.cli import main
-from parity.sweep import SweepConfig, fit_slope, run_sweep
+from parity.cli.run import main
+from parity.cases.sweep import SweepConfig, fit_slope, run_sweep
 
 TINY = TransformerConfig(vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 
@@ -49,7 +49,7 @@ def test_time_ratios_come_with_their_spread(report):
 def test_markdown_rows_keep_their_columns_with_an_odd_error(report):
     import copy
 
-    from parity.sweep_report import markdown
+    from parity.cli.sweep import markdown
 
     odd = copy.deepcopy(report)
     odd["cases"][1]["error"] = "RuntimeError: a | b\nsecond line"

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from jaxremat.spec import parse_schedule
-from parity import jax_runner, torch_runner
-from parity.compare import compare_bitwise
-from parity.models import get_preset
-from parity.tolerance_sweep import Setting, default_settings, markdown, rows, run_setting, summary
-from parity.tolerance_worker import torch_loss_and_grads, variant_inputs
+from parity.runners import jax_runner
+from parity.runners import torch_runner
+from parity.checks.compare import compare_bitwise
+from parity.inputs.presets import get_preset
+from parity.experiments.tolerance_sweep import Setting, default_settings, markdown, rows, run_setting, summary
+from parity.experiments.tolerance_worker import torch_loss_and_grads, variant_inputs
 
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 
@@ -100,7 +101,7 @@ def _fake_result(setting, model, ok=True):
 def test_sweep_cli_resumes_pins_single_thread_jobs_apart_and_fails_on_a_row_over_tolerance(tmp_path, monkeypatch):
     import json
 
-    from parity import tolerance_sweep
+    from parity.experiments import tolerance_sweep
 
     calls = []
 

@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from jaxremat.spec import TransformerConfig, every_k, full, init_params, none, segments, sqrt
 from jaxremat.spec.names import ACTIVATION_NAMES
-from parity.compare import compare_bitwise
+from parity.checks.compare import compare_bitwise
 from torchref.encoder import Encoder, encoder_loss
 from torchref.encoder_reverse_loop import reverse_segment_loop
 from torchref.names import current_name

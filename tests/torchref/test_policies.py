@@ -8,7 +8,7 @@ from jaxremat.spec import TransformerConfig, init_params, parse_schedule
 from jaxremat.spec.names import ACTIVATION_NAMES
 from jaxremat.spec.plan import parse_plan
 from jaxremat.spec.policies import POLICIES, Policy
-from parity.names_check import expected_names
+from parity.checks.names import expected_names
 from torchref.block_memory import block_saved
 from torchref.model import GPT, Block
 from torchref.names import activation, current_name

@@ -1,4 +1,4 @@
-"""parity.torch_runner.run_schedule: the uniform torch entry point of the parity harness."""
+"""parity.runners.torch_runner.run_schedule: the uniform torch entry point of the parity harness."""
 
 import warnings
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxremat.spec import AdamWConfig, TransformerConfig, full, init_params, none
-from parity.torch_runner import run_schedule
+from parity.runners.torch_runner import run_schedule
 
 CFG = TransformerConfig(vocab_size=64, n_layer=3, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 TOKENS = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, CFG.max_seq_len + 1))

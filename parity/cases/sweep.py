@@ -11,11 +11,11 @@
   tokens and the loss; PyTorch on CPU, the bytes of storages allocated during the step
   (:mod:`torchref.live_bytes`; equal to ``MemTracker``'s peak less its ``PARAM``, ``BUFFER``,
   ``GRAD`` and ``OPT`` categories, at a fraction of its cost at depth). On a GPU: the device counters (JAX
-  ``peak_bytes_in_use`` in a fresh process per case, :mod:`parity.gpu_pass`; torch
+  ``peak_bytes_in_use`` in a fresh process per case, :mod:`parity.cases.gpu_pass`; torch
   ``max_memory_allocated`` after a reset) less what was allocated before the step;
 * **step time** -- median of one forward+backward step, reported as a ratio to ``none`` at the
   same depth (measured side by side in one run), with the lowest and highest ratio any pair of
-  timed steps gives (:func:`parity.suite.overhead_range`): a range that holds 1.0 is noise.
+  timed steps gives (:func:`parity.cases.suite.overhead_range`): a range that holds 1.0 is noise.
 
 It fits the log-log slope of each memory against depth per schedule (Chen et al. 2016,
 arXiv:1604.06174: about 1 for ``none``, about 0.5 for ``sqrt``, whose peak is ``2 sqrt(N)``
@@ -147,7 +147,7 @@ def measure_jax(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, rep
     out["dots_before"] = count_dots(lowered.as_text(), optimized=False)
     out["dots_after"] = count_dots(compiled.as_text(), optimized=True)
     if gpu_available():
-        out["peak_source"] += "; device peaks: python -m parity.gpu_pass"
+        out["peak_source"] += "; device peaks: python -m parity.cases.gpu_pass"
     return out
 
 
@@ -235,7 +235,7 @@ def fit_slope(depths, values) -> float | None:
 
 
 def _tokens(sweep: SweepConfig) -> np.ndarray:
-    from .data import token_batch
+    from parity.inputs.corpus import token_batch
 
     return token_batch(sweep.batch_size, sweep.seq_len) % sweep.config.vocab_size
 
@@ -257,7 +257,7 @@ def _attach_survival(cases: list[dict]) -> None:
 
 def _attach_ratios(cases: list[dict]) -> None:
     """Step-time and memory ratios to ``none`` at the same depth and framework."""
-    from .suite import overhead_range
+    from parity.cases.suite import overhead_range
 
     ref = {(c["framework"], c["n_layer"]): c for c in cases if c["plan"] == "none" and not c["error"]}
     for c in cases:

@@ -1,6 +1,6 @@
 """Real text for real checkpoints: the bundled sentence pairs, tokenized with the checkpoint's tokenizer.
 
-``parity/data/sentences.txt`` holds pairs of paraphrases written for this project (public domain),
+``parity/inputs/data/sentences.txt`` holds pairs of paraphrases written for this project (public domain),
 grouped by topic so that the other pairs of a batch are hard negatives for the contrastive loss.
 Tokenization uses the checkpoint's own ``tokenizer.json`` through the ``tokenizers`` library,
 offline. Batches have a fixed shape (padded with the pad id, truncated at ``seq_len``), so each
@@ -14,19 +14,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import corpus_text
+from parity.inputs.corpus import corpus_text
 
 
 def sentence_pairs() -> list[tuple[str, str]]:
     """The bundled pairs ``(anchor, positive)``, in file order (comment lines skipped)."""
-    text = resources.files("parity").joinpath("data/sentences.txt").read_text(encoding="utf-8")
+    text = resources.files("parity.inputs").joinpath("data/sentences.txt").read_text(encoding="utf-8")
     pairs = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         parts = line.split("\t")
         if len(parts) != 2:
-            raise ValueError(f"parity/data/sentences.txt line {n}: expected two tab-separated sentences")
+            raise ValueError(f"parity/inputs/data/sentences.txt line {n}: expected two tab-separated sentences")
         pairs.append((parts[0].strip(), parts[1].strip()))
     return pairs
 

@@ -4,7 +4,7 @@ For each dtype and framework (JAX under ``jit`` and op by op, PyTorch eager) the
 no-remat reference, then every schedule, and checks byte for byte: the loss, every parameter
 gradient, the weights after the optimizer steps, and the hand-rolled reverse segment loop's
 gradients against the library schedule's. It then compares the frameworks on the same weights and
-tokens against :data:`parity.compare.TOLERANCES` (:func:`parity.compare.cross_check`). A case
+tokens against :data:`parity.checks.compare.TOLERANCES` (:func:`parity.checks.compare.cross_check`). A case
 that raises is recorded with ``status: "error"`` and the suite goes on.
 """
 
@@ -22,12 +22,12 @@ from jaxremat.spec import DEFAULT_SCHEDULES, AdamWConfig, parse_schedule, peak_u
 from jaxremat.spec.policies import POLICIES
 from jaxremat.spec.plan import RematPlan, parse_plan
 
-from .compare import compare_bitwise, cross_check, tolerance_for
-from .models import ModelPreset
-from .names_check import expected_names, measured_names
-from .predictions import attach_predictions
-from .pretrained import preset_inputs
-from .saving import attach_saving
+from parity.checks.compare import compare_bitwise, cross_check, tolerance_for
+from parity.inputs.presets import ModelPreset
+from parity.checks.names import expected_names, measured_names
+from parity.checks.predictions import attach_predictions
+from parity.inputs.pretrained import preset_inputs
+from parity.checks.saving import attach_saving
 
 SCHEMA_VERSION = 3
 """report.json schema: 3 writes non-finite floats as strings and adds environment and timing spreads (docs/cli.md)."""
@@ -44,7 +44,7 @@ FULL_PLANS = (
 of segment schedules with inner policies (MaxText aliases resolve to these policies)."""
 
 STRESS_PLANS = ("none", "full", "every_k(2)", "sqrt", "segments(2)", "nested(sqrt,sqrt)")
-"""The stress suite (:mod:`parity.stress`): every schedule kind, under each stress variant."""
+"""The stress suite (:mod:`parity.cases.stress`): every schedule kind, under each stress variant."""
 
 SUITE_PLANS = {"quick": QUICK_PLANS, "full": FULL_PLANS, "stress": STRESS_PLANS}
 FRAMEWORK_MODES = (("jax", "jit"), ("jax", "eager"), ("torch", "eager"))
@@ -55,7 +55,7 @@ class SuiteConfig:
     """What one suite run covers.
 
     Attributes:
-        name: suite name (``quick``, ``full`` or ``stress``; ``stress`` runs :mod:`parity.stress`).
+        name: suite name (``quick``, ``full`` or ``stress``; ``stress`` runs :mod:`parity.cases.stress`).
         preset: model preset (config, batch size, sequence length).
         schedules: plans ``SCHEDULE`` or ``SCHEDULE+POLICY`` (:mod:`jaxremat.spec.plan`), ``none``
             first (it is the reference and is added if missing).
@@ -95,7 +95,7 @@ class SuiteConfig:
 def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPlan, suite: SuiteConfig,
                    with_reverse_loop: bool):
     if framework == "jax":
-        from . import jax_runner
+        from parity.runners import jax_runner
 
         # Op by op, JAX dispatches every primitive from Python (about a second per step here): that
         # mode checks the loss and gradients; training and step time are measured under jit.
@@ -104,7 +104,7 @@ def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPla
             timing_repeats=suite.timing_repeats, with_reverse_loop=with_reverse_loop, seed=suite.seed,
             with_training=mode != "eager", policy=plan.policy,
         )
-    from . import torch_runner
+    from parity.runners import torch_runner
 
     return torch_runner.run_schedule(
         cfg, params, tokens, plan.schedule, hparams=suite.hparams,
@@ -194,7 +194,7 @@ def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: Remat
     """Record what one checkpointed block keeps under the plan's policy and whether it is as declared.
 
     ``save_everything`` must keep exactly the bytes of ``none``; every other policy must keep (and
-    offload) the activation names :func:`parity.names_check.expected_names` gives.
+    offload) the activation names :func:`parity.checks.names.expected_names` gives.
     """
     policy = plan.policy
     if policy.saves_nothing:
@@ -217,9 +217,9 @@ def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: Remat
 
 def _cross(schedule: str, dtype: str, a: dict | None, b: dict | None, term_scale: float | None,
            scale_error: str | None = None) -> dict:
-    """JAX (``a``) against PyTorch (``b``) on one schedule: :func:`parity.compare.cross_check`'s fields.
+    """JAX (``a``) against PyTorch (``b``) on one schedule: :func:`parity.checks.compare.cross_check`'s fields.
 
-    The loss is checked relative to ``term_scale`` (:func:`parity.loss_terms.loss_term_scale`),
+    The loss is checked relative to ``term_scale`` (:func:`parity.checks.loss_terms.loss_term_scale`),
     each gradient tensor relative to its largest entry; ``tolerance`` is the gradient bound and
     ``tolerance_loss`` the loss bound, each with its reason.
     """
@@ -240,7 +240,7 @@ def _cross(schedule: str, dtype: str, a: dict | None, b: dict | None, term_scale
 
 def _cross_rows(schedules, dtype: str, results: dict, cfg, params, tokens) -> list[dict]:
     """One :func:`_cross` row per schedule (JAX ``jit``, else op by op, against PyTorch)."""
-    from .loss_terms import loss_term_scale
+    from parity.checks.loss_terms import loss_term_scale
 
     scale, failure = None, None
     try:
@@ -261,7 +261,7 @@ def _runs(suite: SuiteConfig, framework: str, mode: str, dropout: float) -> bool
 def count_cases(suite: SuiteConfig) -> int:
     """Number of cases :func:`run_suite` will run (for a progress bar)."""
     if suite.name == "stress":
-        from .stress import case_count
+        from parity.cases.stress import case_count
 
         return case_count(suite)
     dropouts = suite.preset.dropouts or (suite.preset.config.dropout,)
@@ -284,7 +284,7 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
         ValueError: a schedule name or parameter is invalid (before any case runs).
     """
     if suite.name == "stress":
-        from .stress import run_stress
+        from parity.cases.stress import run_stress
 
         return run_stress(suite, on_case=on_case, on_start=on_start, on_partial=on_partial)
     schedules = suite.schedule_objects()
@@ -298,7 +298,7 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
         cfg = cfg.replace(dropout=dropout)
         report["config"] = dataclasses.asdict(cfg)
         if cfg.arch == "bert" and dropout == 0.0:
-            from .peer import peer_checks
+            from parity.checks.peer import peer_checks
 
             try:
                 ckpt = suite.preset.checkpoint() if suite.preset.checkpoint else None

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from .cli_util import ascii_int
-from .sweep import DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SweepConfig, run_sweep
+from parity.cli.util import ascii_int
+from parity.cases.sweep import DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SweepConfig, run_sweep
 
 
 def add_parser(sub) -> None:
@@ -45,9 +45,9 @@ def sweep_from_args(args) -> SweepConfig:
     """
     from jaxremat.spec.plan import parse_plan
 
-    from .budget import check_fits, run_estimate
-    from .cli_checks import out_path, plain_ints, unique_items
-    from .sweep import SWEEP_CONFIG
+    from parity.cli.budget import check_fits, run_estimate
+    from parity.cli.checks import out_path, plain_ints, unique_items
+    from parity.cases.sweep import SWEEP_CONFIG
 
     args.out = out_path("--out", args.out)
     depths = plain_ints("--depths", args.depths)
@@ -68,7 +68,7 @@ def sweep_from_args(args) -> SweepConfig:
                                  frameworks, (SWEEP_CONFIG.dtype,),
                                  kept_cases=0), f"the sweep's deepest case (N={deepest})")
     if "jax" in frameworks:
-        from .cli_checks import check_jax_platform
+        from parity.cli.checks import check_jax_platform
 
         check_jax_platform()
     return SweepConfig(depths=depths, plans=_with_none(plans), frameworks=frameworks,
@@ -176,10 +176,10 @@ def cmd_sweep(args) -> int:
     """Run the sweep and write its files; returns the exit code."""
     from rich.console import Console
 
-    from . import cli_checks as cc
-    from .environment import environment_info
-    from .files import WriteError
-    from .report import OutputDirError
+    from parity.cli import checks as cc
+    from parity.report.environment import environment_info
+    from parity.report.files import WriteError
+    from parity.report.suite_report import OutputDirError
 
     console = Console(stderr=True, soft_wrap=True, highlight=False)
     try:
@@ -203,9 +203,9 @@ def cmd_sweep(args) -> int:
 def _sweep_locked(args, sweep: SweepConfig, console, kept, lock, env) -> int:
     import dataclasses
 
-    from . import cli_checks as cc
-    from .files import atomic_write, json_text
-    from .plots import write_plots
+    from parity.cli import checks as cc
+    from parity.report.files import atomic_write, json_text
+    from parity.report.plots import write_plots
 
     if kept:
         cc.note(console, kept)

@@ -5,11 +5,11 @@ With the same weights and the same padded tokens (dropout off, float32 or float6
 * ``torch vs transformers``: :class:`torchref.encoder.Encoder` against ``transformers.BertModel``'s
   ``last_hidden_state``. For a checkpoint directory the peer loads it with its own loader
   (``BertModel.from_pretrained``), so our key mapping is checked too; otherwise the peer is built
-  from the config and our weights (:func:`parity.checkpoints.canonical_to_hf`, strict).
+  from the config and our weights (:func:`parity.inputs.checkpoints.canonical_to_hf`, strict).
 * ``jax vs torch``: :func:`jaxremat.encoder.encode` against the torch encoder.
 
 Errors are relative to the reference's largest magnitude over the real (not padded) positions,
-against the cross-framework tolerance of the dtype (:data:`parity.compare.TOLERANCES`). Hidden
+against the cross-framework tolerance of the dtype (:data:`parity.checks.compare.TOLERANCES`). Hidden
 states at padded positions are computed but used by nothing (pooling and attention mask them
 out); their error is reported in the note. Measured on minilm-l6 in float32: jax vs torch
 5e-7 on real tokens, 9e-6 on padded ones.
@@ -26,8 +26,8 @@ import numpy as np
 
 from jaxremat.spec import TransformerConfig
 
-from .checkpoints import canonical_to_hf, hf_config_dict
-from .compare import tolerance_for
+from parity.inputs.checkpoints import canonical_to_hf, hf_config_dict
+from parity.checks.compare import tolerance_for
 
 
 def transformers_available() -> bool:

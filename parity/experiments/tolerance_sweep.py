@@ -1,8 +1,8 @@
 """Cross-framework errors over instruction sets, kernels and thread counts: what the tolerances rest on.
 
-``python -m parity.tolerance_sweep`` runs the cross-framework comparison of the quick suite's model
+``python -m parity.experiments.tolerance_sweep`` runs the cross-framework comparison of the quick suite's model
 (gpt-small: float32, float64 and bfloat16 compute) and of minilm-l6 (float32) once per
-:class:`Setting`, each in a fresh process (:mod:`parity.tolerance_worker`) started with that
+:class:`Setting`, each in a fresh process (:mod:`parity.experiments.tolerance_worker`) started with that
 setting's environment and CPU affinity, and writes every number (``sweep.json``) and the
 distribution per model, dtype and quantity with each tolerance's margin (``sweep.md``) into
 ``--out``. It also reports, per setting, whether every schedule stayed bitwise equal to ``none``
@@ -38,7 +38,7 @@ _CPU_FLAG = {"SSE4_2": "sse4_2", "AVX": "avx", "AVX2": "avx2", "AVX512": "avx512
              "default": None, "avx2": "avx2", "avx512": "avx512f"}
 RUNS = {"gpt-small": {"float32": ("none", "sqrt"), "float64": ("none",), "bfloat16": ("none",)},
         "minilm-l6": {"float32": ("none", "sqrt", "every_k(2)")}}
-"""Models of the sweep: the variants (:data:`parity.tolerance_worker.VARIANTS`) and schedules each runs.
+"""Models of the sweep: the variants (:data:`parity.experiments.tolerance_worker.VARIANTS`) and schedules each runs.
 The cross-framework error does not depend on the schedule (each schedule is bitwise ``none`` inside
 each framework, which the sweep checks); the remat schedules are there for that check."""
 
@@ -118,13 +118,13 @@ def default_settings(flags: set[str] | None = None, threads=(1, 2)) -> list[Sett
 
 def run_setting(setting: Setting, model: str, variants: dict, eager: bool = True,
                 timeout_s: float = 1800, cpus=None, flags: set[str] | None = None) -> dict:
-    """Run :mod:`parity.tolerance_worker` under ``setting`` in a fresh process; its result object.
+    """Run :mod:`parity.experiments.tolerance_worker` under ``setting`` in a fresh process; its result object.
 
     Args:
         setting: instruction sets, kernels and threads.
         model: preset name.
         variants: ``{variant: schedule names, none first}``, variants from
-            :data:`parity.tolerance_worker.VARIANTS`.
+            :data:`parity.experiments.tolerance_worker.VARIANTS`.
         eager: also run JAX op by op on ``none`` (float32).
         timeout_s: wall-clock limit of the worker, seconds.
         cpus: the CPUs to pin the worker to (default: the first ``setting.threads`` of this
@@ -153,7 +153,7 @@ def run_setting(setting: Setting, model: str, variants: dict, eager: bool = True
     spec = {"model": model, "variants": {v: list(names) for v, names in variants.items()},
             "threads": setting.threads, "eager": eager, "cpus": cpus}
     proc = subprocess.run(
-        [sys.executable, "-m", "parity.tolerance_worker", json.dumps(spec)], env=setting.env(),
+        [sys.executable, "-m", "parity.experiments.tolerance_worker", json.dumps(spec)], env=setting.env(),
         capture_output=True, text=True, timeout=timeout_s,
     )
     lines = proc.stdout.strip().splitlines()
@@ -167,10 +167,10 @@ def run_setting(setting: Setting, model: str, variants: dict, eager: bool = True
 def rows(results: list[dict]):
     """Flatten results: one dict per (setting, model, variant, schedule, mode) with both errors.
 
-    ``ok`` is judged against the current :data:`parity.compare.TOLERANCES` (``tolerance_loss``,
+    ``ok`` is judged against the current :data:`parity.checks.compare.TOLERANCES` (``tolerance_loss``,
     ``tolerance_grads``); ``ok_when_measured`` is the worker's verdict under the table it ran with.
     """
-    from .compare import tolerance_for
+    from parity.checks.compare import tolerance_for
 
     for r in results:
         for v in r["variants"]:
@@ -190,10 +190,10 @@ def rows(results: list[dict]):
 def summary(results: list[dict]) -> list[dict]:
     """Per (model, variant, quantity, JAX mode): the largest error, where it occurred, the bound, the margin.
 
-    The bound is the current :data:`parity.compare.TOLERANCES` entry, not the one recorded with
+    The bound is the current :data:`parity.checks.compare.TOLERANCES` entry, not the one recorded with
     the results (so a sweep measured before a change of the table shows the margins after it).
     """
-    from .compare import EPS
+    from parity.checks.compare import EPS
 
     out = {}
     for row in rows(results):
@@ -226,7 +226,7 @@ def bitwise_findings(results: list[dict]) -> list[str]:
 def markdown(results: list[dict]) -> str:
     """The sweep as Markdown: the distribution table, per-setting maxima, bitwise findings.
 
-    ``JAX bits`` / ``PyTorch bits``: the start of :func:`parity.tolerance_worker.digest` of the
+    ``JAX bits`` / ``PyTorch bits``: the start of :func:`parity.experiments.tolerance_worker.digest` of the
     ``none`` loss and gradients (JAX under ``jit``): settings sharing a digest computed the same bits.
     """
     lines = ["| model | dtype | quantity | JAX | max error | in eps | where | tolerance | margin |", "|" + "---|" * 9]
@@ -276,7 +276,7 @@ def _run_all(jobs: list[tuple[Setting, str]], eager: bool, on_result) -> None:
 
 def main(argv=None) -> int:
     """CLI: run the sweep, write ``sweep.json`` and ``sweep.md``; exit 1 if a row exceeded its tolerance."""
-    ap = argparse.ArgumentParser(prog="python -m parity.tolerance_sweep", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m parity.experiments.tolerance_sweep", description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(RUNS), help=f"comma-separated, from {', '.join(RUNS)}")
     ap.add_argument("--out", default="tolerance-sweep", help="output folder (default tolerance-sweep/)")
     ap.add_argument("--no-eager", action="store_true",

@@ -1,6 +1,6 @@
 """The GPU measurement pass of the quick suite: device peak bytes per schedule in both frameworks.
 
-``python -m parity.gpu_pass --out gpu-report`` (or ``scripts/gpu_pass.sh``) runs, for every schedule
+``python -m parity.cases.gpu_pass --out gpu-report`` (or ``scripts/gpu_pass.sh``) runs, for every schedule
 of the quick suite (``gpt-small``, float32), one loss+gradient step and reads the device's own
 counters:
 
@@ -11,7 +11,7 @@ counters:
 
 Each number is written with its source (:func:`peak_source`). Without a GPU the pass exits 2 and
 says so; it never reports a silent 0 (``torch.cuda.max_memory_allocated`` returns 0 on CPU).
-``gpu_pass.json`` and ``gpu_pass.md`` are written atomically, the JSON strict (:mod:`parity.files`).
+``gpu_pass.json`` and ``gpu_pass.md`` are written atomically, the JSON strict (:mod:`parity.report.files`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def _jax_case(schedule: str) -> dict:
     from jaxremat.model import loss_fn
     from jaxremat.spec import init_params, parse_schedule
 
-    from .data import token_batch
-    from .models import get_preset
+    from parity.inputs.corpus import token_batch
+    from parity.inputs.presets import get_preset
 
     preset = get_preset("gpt-small")
     cfg, sched = preset.config, parse_schedule(schedule)
@@ -76,8 +76,8 @@ def _torch_cases(schedules) -> list[dict]:
     from torchref.model import GPT
     from torchref.render import model_loss
 
-    from .data import token_batch
-    from .models import get_preset
+    from parity.inputs.corpus import token_batch
+    from parity.inputs.presets import get_preset
 
     preset = get_preset("gpt-small")
     cfg = preset.config
@@ -100,7 +100,7 @@ def _torch_cases(schedules) -> list[dict]:
 def main(argv=None) -> int:
     from jaxremat.spec import DEFAULT_SCHEDULES
 
-    p = argparse.ArgumentParser(prog="python -m parity.gpu_pass", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m parity.cases.gpu_pass", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("gpu-report"))
     p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES))
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: one JAX case in a subprocess
@@ -117,15 +117,15 @@ def main(argv=None) -> int:
     schedules = [s for s in args.schedules.split(",") if s]
     rows = []
     for s in schedules:
-        res = subprocess.run([sys.executable, "-m", "parity.gpu_pass", "--case", s], capture_output=True, text=True,
+        res = subprocess.run([sys.executable, "-m", "parity.cases.gpu_pass", "--case", s], capture_output=True, text=True,
                              timeout=240)
         if res.returncode:
             rows.append({"framework": "jax", "schedule": s, "error": res.stderr[-2000:]})
         else:
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
     rows += _torch_cases(schedules)
-    from .environment import environment_info
-    from .files import atomic_write, json_text
+    from parity.report.environment import environment_info
+    from parity.report.files import atomic_write, json_text
 
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment_info(("torch",), "cuda")  # the JAX cases ran in subprocesses

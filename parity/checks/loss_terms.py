@@ -9,7 +9,7 @@ hold a term of 16.5 closer than half its ULP (2^-20 = 9.5e-7), so neither framew
 loss to better than about eps * 16.5 absolute, however well it computes: an error relative to the
 loss itself (0.02) is ill-conditioned. :func:`loss_term_scale` gives the mean of ``|logsumexp(z_i)|
 + |z_i[t_i]|`` (the sum of the absolute values of the summed terms, over the row count), the
-quantity the cross-framework loss check (:func:`parity.compare.cross_check`) divides by. It is at
+quantity the cross-framework loss check (:func:`parity.checks.compare.cross_check`) divides by. It is at
 least ``|loss|`` (triangle inequality), and close to it when the terms do not cancel (a GPT at
 initialisation: logsumexp about log V, the target logit near 0).
 

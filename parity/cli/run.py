@@ -15,8 +15,8 @@ from pathlib import Path
 from jaxremat.spec import DEFAULT_SCHEDULES, SCHEDULE_NAMES, SUPPORTED_DTYPES
 from jaxremat.spec.policies import POLICY_NAMES
 
-from .cli_util import OneLineParser, ascii_int, split_list
-from .models import PRESETS, get_preset
+from parity.cli.util import OneLineParser, ascii_int, split_list
+from parity.inputs.presets import PRESETS, get_preset
 
 DEFAULT_MODEL = "gpt-small"
 
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="timed training steps per case, median reported (default: the model's, else 5)")
     run.add_argument("--seed", type=ascii_int, default=0, help="seed of the weights and token windows (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
-    from .sweep_report import add_parser as add_sweep_parser
+    from parity.cli.sweep import add_parser as add_sweep_parser
 
     add_sweep_parser(sub)
     return parser
@@ -71,7 +71,7 @@ def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | 
     """dtypes, frameworks and the user's plans (None: the suite's), each checked; raises ValueError."""
     from jaxremat.spec.plan import parse_plan
 
-    from .cli_checks import out_path, unique_items
+    from parity.cli.checks import out_path, unique_items
 
     args.out = out_path("--out", args.out)
     if args.model is not None and not args.model.strip():
@@ -104,10 +104,10 @@ def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | 
 
 def _preset(args, dtypes):
     """The model preset; a checkpoint's files are checked against its config.json first."""
-    from .checkpoints import check_weights_file
+    from parity.inputs.checkpoints import check_weights_file
 
     if args.checkpoint is not None:
-        from .pretrained import checkpoint_preset
+        from parity.inputs.pretrained import checkpoint_preset
 
         preset = checkpoint_preset(args.checkpoint)
     else:
@@ -120,10 +120,10 @@ def _preset(args, dtypes):
 
 
 def _suite_from_args(args):
-    """The :class:`parity.suite.SuiteConfig` of the options, every check done before any work."""
-    from .budget import check_device_fits, check_fits, run_estimate
-    from .cli_checks import check_jax_platform
-    from .suite import FRAMEWORK_MODES, SUITE_PLANS, SuiteConfig
+    """The :class:`parity.cases.suite.SuiteConfig` of the options, every check done before any work."""
+    from parity.cli.budget import check_device_fits, check_fits, run_estimate
+    from parity.cli.checks import check_jax_platform
+    from parity.cases.suite import FRAMEWORK_MODES, SUITE_PLANS, SuiteConfig
 
     dtypes, frameworks, schedules = _options(args)
     preset, file_bytes = _preset(args, dtypes)
@@ -153,10 +153,10 @@ def cmd_run(args) -> int:
     """``python -m parity run``: check everything, lock --out, run the suite, write the report."""
     from rich.console import Console
 
-    from . import cli_checks as cc
-    from .environment import environment_info
-    from .files import WriteError
-    from .report import REPORT_FILES, OutputDirError
+    from parity.cli import checks as cc
+    from parity.report.environment import environment_info
+    from parity.report.files import WriteError
+    from parity.report.suite_report import REPORT_FILES, OutputDirError
 
     console = Console(stderr=True, soft_wrap=True, highlight=False)
     try:
@@ -180,9 +180,9 @@ def cmd_run(args) -> int:
 def _run_locked(args, suite, console, kept, lock, env) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from . import cli_checks as cc
-    from .report import print_tables, write_report
-    from .suite import count_cases, report_passed, run_suite
+    from parity.cli import checks as cc
+    from parity.report.suite_report import print_tables, write_report
+    from parity.cases.suite import count_cases, report_passed, run_suite
 
     if kept:
         cc.note(console, kept)
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     if args.command == "run":
         return cmd_run(args)
     if args.command == "sweep":
-        from .sweep_report import cmd_sweep
+        from parity.cli.sweep import cmd_sweep
 
         return cmd_sweep(args)
     parser.error(f"unknown command {args.command}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from jaxremat.spec import activation_model as am
 from jaxremat.spec import parse_schedule
 
-from .predictions import measured_peak_activation
+from parity.checks.predictions import measured_peak_activation
 
 MIN_PROMISED = 0.01
 """A plan promises a saving when its saved residual bytes are at least this fraction below ``none``'s."""

@@ -1,7 +1,7 @@
 """Checks and plumbing shared by ``run`` and ``sweep``: strict option values, the output directory
 (created, locked, a previous report kept), the JAX platform, plain-text messages and Ctrl-C.
 
-Every check raises ValueError (or :class:`parity.report.OutputDirError`) with one line that says
+Every check raises ValueError (or :class:`parity.report.suite_report.OutputDirError`) with one line that says
 what is wrong and how to fix it; the commands print it and exit 2.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from rich.text import Text
 
-from .cli_util import split_list
-from .files import OutDirBusy, OutDirLock, WriteError
-from .report import OutputDirError, prepare_out_dir
+from parity.cli.util import split_list
+from parity.report.files import OutDirBusy, OutDirLock, WriteError
+from parity.report.suite_report import OutputDirError, prepare_out_dir
 
 EXIT_INTERRUPTED = 130
 

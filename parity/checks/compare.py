@@ -55,7 +55,7 @@ class Tolerance:
 
 
 _LOSS = ("error |a - b| / S, where S is the mean over the loss's rows of |logsumexp(z_i)| + |z_i[t_i]|, "
-         "the terms each row's cross-entropy is the difference of (parity/loss_terms.py): a loss can "
+         "the terms each row's cross-entropy is the difference of (parity/checks/loss_terms.py): a loss can "
          "only be rounded relative to its terms, not to itself (all-MiniLM-L6-v2's contrastive loss is "
          "0.02 from terms near 16.5, S = 33.1; a GPT at initialisation has S close to its loss). ")
 _GRADS = ("error max|a - b| / max|b| per parameter tensor (each stacked over the layers), the largest "
@@ -63,7 +63,7 @@ _GRADS = ("error max|a - b| / max|b| per parameter tensor (each stacked over the
           "largest entry stands for, not relative to its own (possibly tiny) value. ")
 _SWEEP = ("Set from the errors measured over XLA's instruction sets SSE4.2/AVX/AVX2 and dot kernels "
           "(YNNPACK, Eigen), ATen's default/AVX2 kernels, MKL's default and COMPATIBLE paths, 1 and 2 threads "
-          "(python -m parity.tolerance_sweep; docs/framework-differences.md, section 11): ")
+          "(python -m parity.experiments.tolerance_sweep; docs/framework-differences.md, section 11): ")
 
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     (t.dtype, t.quantity): t
@@ -211,7 +211,7 @@ def loss_error(test, ref, term_scale: float) -> float:
 
     Args:
         test, ref: 0-d losses (any float dtype; compared in float64).
-        term_scale: :func:`parity.loss_terms.loss_term_scale` of the batch (> 0, finite).
+        term_scale: :func:`parity.checks.loss_terms.loss_term_scale` of the batch (> 0, finite).
 
     Returns:
         The error (inf when either loss is NaN or inf).
@@ -243,7 +243,7 @@ def cross_check(loss_test, loss_ref, grads_test: Mapping[str, np.ndarray], grads
     Args:
         loss_test, loss_ref: 0-d losses (JAX, PyTorch).
         grads_test, grads_ref: gradients by canonical name, same names and shapes.
-        term_scale: the loss's term scale (:func:`parity.loss_terms.loss_term_scale`).
+        term_scale: the loss's term scale (:func:`parity.checks.loss_terms.loss_term_scale`).
         dtype: key of the tolerance table.
 
     Returns:

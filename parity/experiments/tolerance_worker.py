@@ -1,6 +1,6 @@
 """One process of the tolerance sweep: cross-framework errors under the settings it was started with.
 
-:mod:`parity.tolerance_sweep` starts this module as ``python -m parity.tolerance_worker SPEC`` in a
+:mod:`parity.experiments.tolerance_sweep` starts this module as ``python -m parity.experiments.tolerance_worker SPEC`` in a
 fresh process per setting, because the instruction-set variables (``XLA_FLAGS``,
 ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR``) are read once, when the frameworks load, and the XLA:CPU
 thread pool is sized from the process's CPU affinity at start-up. ``SPEC`` is a JSON object:
@@ -10,9 +10,9 @@ pins itself to before jax and torch load); the result is one JSON object on the 
 standard output.
 
 Per variant (``float32``, ``float64``, ``bfloat16`` = float32 parameters with bfloat16 compute) and
-schedule it runs JAX under ``jit`` (:func:`parity.jax_runner.run_schedule`, the suite's path) and
-PyTorch (the loss and gradients block of :func:`parity.torch_runner.run_schedule`, without its
-training, memory and timing measurements), applies :func:`parity.compare.cross_check`, and checks
+schedule it runs JAX under ``jit`` (:func:`parity.runners.jax_runner.run_schedule`, the suite's path) and
+PyTorch (the loss and gradients block of :func:`parity.runners.torch_runner.run_schedule`, without its
+training, memory and timing measurements), applies :func:`parity.checks.compare.cross_check`, and checks
 every schedule byte for byte against ``none`` inside each framework under the same setting.
 """
 
@@ -35,7 +35,7 @@ VARIANTS = ("float32", "float64", "bfloat16")
 
 def variant_inputs(preset, variant: str, seed: int = 0):
     """``(cfg, params, tokens, tolerance dtype)`` of a sweep variant (dropout off: RNGs differ)."""
-    from .pretrained import preset_inputs
+    from parity.inputs.pretrained import preset_inputs
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
@@ -48,11 +48,11 @@ def variant_inputs(preset, variant: str, seed: int = 0):
 
 
 def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> dict:
-    """The loss and gradients of :func:`parity.torch_runner.run_schedule`, computed the same way."""
+    """The loss and gradients of :func:`parity.runners.torch_runner.run_schedule`, computed the same way."""
     import torch
 
     from jaxremat.spec.policies import parse_policy
-    from .torch_runner import model_and_loss
+    from parity.runners.torch_runner import model_and_loss
 
     Model, loss_fn, _ = model_and_loss(cfg)
     tokens_t = torch.from_numpy(np.array(tokens, dtype=np.int64, order="C", copy=True))
@@ -64,9 +64,9 @@ def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> dict:
 
 
 def jax_loss_and_grads(cfg, params, tokens, schedule, mode: str = "jit") -> dict:
-    """The loss and gradients of :func:`parity.jax_runner.run_schedule` (no training run)."""
+    """The loss and gradients of :func:`parity.runners.jax_runner.run_schedule` (no training run)."""
     from jaxremat.spec import AdamWConfig
-    from . import jax_runner
+    from parity.runners import jax_runner
 
     return jax_runner.run_schedule(cfg, params, tokens, schedule, mode=mode, hparams=AdamWConfig(steps=1),
                                    timing_repeats=1, with_reverse_loop=False, with_training=False)
@@ -107,7 +107,7 @@ def digest(res: dict) -> str:
 
 
 def _bitwise(res: dict, ref: dict) -> dict:
-    from .compare import compare_bitwise
+    from parity.checks.compare import compare_bitwise
 
     loss = compare_bitwise({"loss": res["loss"]}, {"loss": ref["loss"]})
     grads = compare_bitwise(res["grads"], ref["grads"])
@@ -119,7 +119,7 @@ def _ynn_fusions(cfg, schedule, tokens) -> int:
     """How many YNNPACK fusions XLA made of the jitted loss+grad program (0: dots run on Eigen)."""
     from jaxremat.spec import AdamWConfig
     from jaxremat.spec.policies import parse_policy
-    from .jax_runner import compiled_value_and_grad
+    from parity.runners.jax_runner import compiled_value_and_grad
 
     tokens = np.asarray(tokens)
     compiled = compiled_value_and_grad(cfg, schedule, AdamWConfig(steps=1), tuple(tokens.shape), False,
@@ -134,8 +134,8 @@ def run_variant(preset, variant: str, schedules, eager: bool) -> dict:
     import jax
 
     from jaxremat.spec import parse_schedule
-    from .compare import cross_check
-    from .loss_terms import loss_term_scale
+    from parity.checks.compare import cross_check
+    from parity.checks.loss_terms import loss_term_scale
 
     cfg, params, tokens, dtype = variant_inputs(preset, variant)
     scale = loss_term_scale(cfg, params, tokens)
@@ -170,7 +170,7 @@ def main(spec: dict) -> dict:
     """Run ``spec`` in this process (its environment already set); the result object."""
     import torch
 
-    from .models import get_preset
+    from parity.inputs.presets import get_preset
 
     torch.set_num_threads(int(spec["threads"]))
     preset = get_preset(spec["model"])

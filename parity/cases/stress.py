@@ -6,17 +6,17 @@ is compared byte for byte with the same variant under ``none`` in the same frame
 * ``bf16`` -- the GPT in mixed precision (float32 parameters, bfloat16 compute:
   ``TransformerConfig.compute_dtype``); loss, gradients, trained weights, reverse loop.
 * ``frozen`` -- the GPT with its embeddings and first half of the blocks frozen
-  (:mod:`parity.stress_frozen`); trainable gradients and all trained weights bitwise, every
+  (:mod:`parity.cases.stress_frozen`); trainable gradients and all trained weights bitwise, every
   trainable gradient present and nonzero, frozen ones absent (torch) or zero (JAX) and frozen
   weights unchanged.
-* ``running_stats`` -- a user-style BatchNorm block stack (:mod:`parity.stress_user`); after
+* ``running_stats`` -- a user-style BatchNorm block stack (:mod:`parity.cases.stress_user`); after
   the training steps the running statistics and step counters are bitwise those of ``none``
   and every counter equals the number of steps.
 * ``dropout(p)+noise`` -- the user-style stack with dropout at rate p and a second random op
   (multiplicative normal noise) in every block; the recompute redraws the same values.
 
 Cross-framework rows compare JAX (``jit``) with PyTorch for the variants without randomness
-(the two RNGs differ), against :data:`parity.compare.TOLERANCES` (``bfloat16`` for ``bf16``).
+(the two RNGs differ), against :data:`parity.checks.compare.TOLERANCES` (``bfloat16`` for ``bf16``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import numpy as np
 
 from jaxremat.spec import TransformerConfig, init_params
 
-from .compare import compare_bitwise, max_rel_err, tolerance_for
-from .data import token_batch
-from .stress_user import UserStack
+from parity.checks.compare import compare_bitwise, max_rel_err, tolerance_for
+from parity.inputs.corpus import token_batch
+from parity.cases.stress_user import UserStack
 
 DROPOUT_RATES = (0.1, 0.5)
 NOISE = 0.1
@@ -49,19 +49,19 @@ def _user_stack(variant: str, base: UserStack) -> UserStack:
 
 def _run(variant, framework, mode, plan, suite, cfg, params, tokens, base: UserStack) -> dict:
     """One run of ``variant``: dict with loss, grads, trained (and state / extra checks)."""
-    from .suite import run_framework
+    from parity.cases.suite import run_framework
 
     if variant == "bf16":
         bf = cfg.replace(compute_dtype="bfloat16")
         return run_framework(framework, mode, bf, params, tokens, plan, suite,
                               with_reverse_loop=plan.name != "none" and (framework, mode) != ("jax", "jit"))
     if variant == "frozen":
-        from . import stress_frozen
+        from parity.cases import stress_frozen
 
         if framework == "jax":
             return stress_frozen.run_jax(cfg, params, tokens, plan.schedule, mode=mode, hparams=suite.hparams)
         return stress_frozen.run_torch(cfg, params, tokens, plan.schedule, hparams=suite.hparams)
-    from . import stress_user
+    from parity.cases import stress_user
 
     stack = _user_stack(variant, base)
     if framework == "jax":
@@ -81,8 +81,8 @@ def _bitwise(case: dict, what: str, a: dict, b: dict) -> bool:
 
 def _fill(case: dict, variant: str, cfg, params, res: dict, ref: dict, steps: int) -> None:
     """Every check of one variant's case; ``status`` is pass when all hold."""
-    from .stress_frozen import frozen_entries, split_trainable
-    from .suite import fill_case
+    from parity.cases.stress_frozen import frozen_entries, split_trainable
+    from parity.cases.suite import fill_case
 
     if variant == "bf16":
         fill_case(case, res, ref)
@@ -114,7 +114,7 @@ def _fill(case: dict, variant: str, cfg, params, res: dict, ref: dict, steps: in
 
 
 def _cross(variant: str, name: str, jax_res, torch_res, cfg) -> dict:
-    from .stress_frozen import split_trainable
+    from parity.cases.stress_frozen import split_trainable
 
     dtype = CROSS_VARIANTS[variant]
     tol = tolerance_for(dtype)
@@ -135,7 +135,7 @@ def _cross(variant: str, name: str, jax_res, torch_res, cfg) -> dict:
 
 def case_count(suite) -> int:
     """Number of cases :func:`run_stress` runs for ``suite``."""
-    from .suite import FRAMEWORK_MODES
+    from parity.cases.suite import FRAMEWORK_MODES
 
     modes = sum(1 for f, _ in FRAMEWORK_MODES if f in suite.frameworks)
     return len(VARIANTS) * modes * len(suite.schedule_objects())
@@ -144,13 +144,13 @@ def case_count(suite) -> int:
 def run_stress(suite, on_case: Callable | None = None, on_start: Callable | None = None,
                on_partial: Callable | None = None, variants: tuple[str, ...] = VARIANTS,
                user_stack: UserStack | None = None) -> dict:
-    """Run the stress variants; the report has the layout of :func:`parity.suite.run_suite`'s,
+    """Run the stress variants; the report has the layout of :func:`parity.cases.suite.run_suite`'s,
     each case and cross row naming its ``variant``. A case that raises is recorded as ``error``.
 
     ``user_stack`` sets the shape of the user-style stack (default :class:`UserStack` with the
     suite's seed); the GPT variants use ``suite.preset``.
     """
-    from .suite import FRAMEWORK_MODES, SCHEMA_VERSION, _base_case
+    from parity.cases.suite import FRAMEWORK_MODES, SCHEMA_VERSION, _base_case
 
     schedules = suite.schedule_objects()
     base = user_stack or UserStack(seed=suite.seed)

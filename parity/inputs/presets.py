@@ -8,8 +8,8 @@ from typing import Callable, Optional
 
 from jaxremat.spec import AdamWConfig, TransformerConfig
 
-from .data import BYTE_VOCAB_SIZE
-from .pretrained import FINE_TUNE, MINILM_INSTALL, minilm_dir
+from parity.inputs.corpus import BYTE_VOCAB_SIZE
+from parity.inputs.pretrained import FINE_TUNE, MINILM_INSTALL, minilm_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,7 @@ class ModelPreset:
         description: one line for ``--help``.
         checkpoint: None for random weights (:func:`jaxremat.spec.init_params`) on byte tokens;
             else a function returning a Hugging Face checkpoint directory whose weights and
-            tokenizer are used (:func:`parity.pretrained.preset_inputs`). For a BERT checkpoint
+            tokenizer are used (:func:`parity.inputs.pretrained.preset_inputs`). For a BERT checkpoint
             ``batch_size`` counts sentences (pairs x 2) and ``seq_len`` includes special tokens.
         schedules: the preset's default ``--schedules`` (None: the suite's default list).
         dropouts: dropout rates to run (None: ``config.dropout`` only).

@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxremat.spec import TransformerConfig, param_shapes, parse_schedule
 
-from .environment import available_memory_bytes
+from parity.report.environment import available_memory_bytes
 
 HEADROOM = 0.9
 """Fraction of the available memory a run may plan to use."""
@@ -94,7 +94,7 @@ def check_fits(needed: int, account: str, what: str, available: int | None = Non
         needed: the estimate in bytes.
         account: how the estimate was made (goes into the message).
         what: what is being sized, e.g. ``"this run"``.
-        available: bytes available (default: :func:`parity.environment.available_memory_bytes`;
+        available: bytes available (default: :func:`parity.report.environment.available_memory_bytes`;
             None when unknown, which skips the check).
 
     Raises:

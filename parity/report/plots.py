@@ -24,12 +24,12 @@ _STYLE = {"jax": "-", "torch": "--"}
 
 
 def _save(fig, path: Path) -> Path:
-    """Write ``fig`` as PNG to ``path`` atomically (:func:`parity.files.atomic_target`) and close it.
+    """Write ``fig`` as PNG to ``path`` atomically (:func:`parity.report.files.atomic_target`) and close it.
 
     Raises:
-        parity.files.WriteError: the file could not be written; a previous plot there is kept.
+        parity.report.files.WriteError: the file could not be written; a previous plot there is kept.
     """
-    from .files import atomic_target
+    from parity.report.files import atomic_target
 
     try:
         fig.tight_layout()

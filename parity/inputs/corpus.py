@@ -1,6 +1,6 @@
 """Real tokens for the parity suite: a public-domain English text, tokenized at byte level.
 
-The corpus ships with the package (``parity/data/corpus.txt``, see ``SOURCES.md`` beside it);
+The corpus ships with the package (``parity/inputs/data/corpus.txt``, see ``SOURCES.md`` beside it);
 nothing is downloaded. Byte-level tokenization maps each UTF-8 byte to its id in ``[0, 256)``,
 so the vocabulary is 256 and the mapping is exact and reversible.
 """
@@ -16,7 +16,7 @@ BYTE_VOCAB_SIZE = 256
 
 def corpus_text() -> str:
     """The bundled public-domain corpus (about 3.7 KB of English prose)."""
-    return resources.files("parity").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+    return resources.files("parity.inputs").joinpath("data/corpus.txt").read_text(encoding="utf-8")
 
 
 def byte_tokens(text: str) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Measure bfloat16 remat bits under ``jit``: an unrolled stack versus the same stack scanned.
 
-``python -m parity.bf16_unrolled`` builds a two-block LayerNorm+MLP stack (d_model 64, d_ff 256,
+``python -m parity.experiments.bf16_unrolled`` builds a two-block LayerNorm+MLP stack (d_model 64, d_ff 256,
 batch 4 x 64, float32 parameters, bfloat16 compute), differentiates ``mean(y**2)`` with and
 without ``jax.checkpoint`` around each block, with the blocks in a Python loop (unrolled) and in a
 ``lax.scan`` (as :func:`jaxremat.render.remat_scan` runs them), under ``jit`` and op by op, and
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .compare import compare_bitwise
+from parity.checks.compare import compare_bitwise
 
 D, F, N, B, T = 64, 256, 2, 4, 64
 

@@ -1,6 +1,6 @@
 """Writing the parity report: ``report.json``, ``report.md`` and a terminal table (rich).
 
-Files are written atomically (:mod:`parity.files`: temporary file, ``fsync``, ``os.replace``), so
+Files are written atomically (:mod:`parity.report.files`: temporary file, ``fsync``, ``os.replace``), so
 an interrupted run or a full disk never leaves a half-written report; ``report.json`` is strict
 JSON (non-finite floats as the strings ``"nan"``, ``"inf"``, ``"-inf"``; ``"nonfinite_encoding":
 "string"`` says so). A previous report in the output directory is kept: it is moved to
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .files import NONFINITE_ENCODING, atomic_write, json_text
+from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
 
 REPORT_FILES = ("report.json", "report.md")
 
@@ -123,7 +123,7 @@ _VERDICT_WORDS = {"fail": "failed", "no_saving": "saved no memory", "error": "er
 
 def verdict(report: dict) -> str:
     """One line: passed or not, how many cases and comparisons, and how many timings beat their noise."""
-    from .suite import report_passed
+    from parity.cases.suite import report_passed
 
     cases = report["cases"]
     counts = {k: sum(c["status"] == k for c in cases) for k in ("pass", "fail", "no_saving", "error")}
@@ -156,7 +156,7 @@ PEER_COLUMNS = ("check", "dtype", "max rel err", "tolerance", "ok", "note")
 
 
 def peer_row(x: dict) -> list[str]:
-    """One peer comparison (:mod:`parity.peer`) as display strings, in :data:`PEER_COLUMNS` order."""
+    """One peer comparison (:mod:`parity.checks.peer`) as display strings, in :data:`PEER_COLUMNS` order."""
     err = "-" if x["max_rel_err"] is None else f"{x['max_rel_err']:.2e}"
     tol = "-" if x["tolerance"] is None else f"{x['tolerance']:.0e}"
     ok = {True: "yes", False: "NO", None: "skipped"}[x["ok"]]
@@ -169,7 +169,7 @@ CROSS_COLUMNS = ("dtype", "schedule", "loss err", "loss tol", "grads err", "grad
 def cross_row(x: dict) -> list[str]:
     """One cross-framework comparison as display strings, in :data:`CROSS_COLUMNS` order.
 
-    ``loss err`` is the loss difference over the loss's term scale (:func:`parity.compare.cross_check`);
+    ``loss err`` is the loss difference over the loss's term scale (:func:`parity.checks.compare.cross_check`);
     rows without it (older reports, stress rows) show the plain relative error, marked ``(rel)``.
     """
     f = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
@@ -320,7 +320,7 @@ def write_report(report: dict, out: Path) -> list[Path]:
     """Write ``report.json`` (strict JSON) and ``report.md`` into ``out`` atomically; return their paths.
 
     Raises:
-        parity.files.WriteError: a file could not be written (disk full, ``ulimit -f``); the file
+        parity.report.files.WriteError: a file could not be written (disk full, ``ulimit -f``); the file
             already there is kept whole.
     """
     paths = [out / "report.json", out / "report.md"]

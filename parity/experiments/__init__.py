@@ -1,0 +1,1 @@
+"""One-off measurements behind claims in docs/ (``python -m parity.experiments.<name>``)."""

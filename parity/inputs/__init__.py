@@ -1,0 +1,1 @@
+"""What the cases run on: model presets, real checkpoints, the bundled corpus and sentences."""

@@ -1,0 +1,1 @@
+"""One runner per framework: a schedule's loss, gradients, trained weights and memory on one batch."""
