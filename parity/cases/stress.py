@@ -22,17 +22,21 @@ Cross-framework rows compare JAX (``jit``) with PyTorch for the variants without
 from __future__ import annotations
 
 import dataclasses
-import time
-import traceback
 from typing import Callable
 
 import numpy as np
 
 from jaxremat.spec import TransformerConfig, init_params
 
+from parity.cases import stress_frozen, stress_user
+from parity.cases.loop import FRAMEWORK_MODES, Callbacks, run_cases
+from parity.cases.record import fill_case, new_case
+from parity.cases.stress_frozen import frozen_entries, split_trainable
+from parity.cases.stress_user import UserStack
 from parity.checks.compare import compare_bitwise, max_rel_err, tolerance_for
 from parity.inputs.corpus import token_batch
-from parity.cases.stress_user import UserStack
+from parity.report.suite_report import SCHEMA_VERSION
+from parity.runners.dispatch import run_framework
 
 DROPOUT_RATES = (0.1, 0.5)
 NOISE = 0.1
@@ -49,20 +53,14 @@ def _user_stack(variant: str, base: UserStack) -> UserStack:
 
 def _run(variant, framework, mode, plan, suite, cfg, params, tokens, base: UserStack) -> dict:
     """One run of ``variant``: dict with loss, grads, trained (and state / extra checks)."""
-    from parity.cases.suite import run_framework
-
     if variant == "bf16":
         bf = cfg.replace(compute_dtype="bfloat16")
         return run_framework(framework, mode, bf, params, tokens, plan, suite,
                               with_reverse_loop=plan.name != "none" and (framework, mode) != ("jax", "jit"))
     if variant == "frozen":
-        from parity.cases import stress_frozen
-
         if framework == "jax":
             return stress_frozen.run_jax(cfg, params, tokens, plan.schedule, mode=mode, hparams=suite.hparams)
         return stress_frozen.run_torch(cfg, params, tokens, plan.schedule, hparams=suite.hparams)
-    from parity.cases import stress_user
-
     stack = _user_stack(variant, base)
     if framework == "jax":
         return stress_user.run_jax(stack, plan.schedule, jit=mode == "jit")
@@ -81,9 +79,6 @@ def _bitwise(case: dict, what: str, a: dict, b: dict) -> bool:
 
 def _fill(case: dict, variant: str, cfg, params, res: dict, ref: dict, steps: int) -> None:
     """Every check of one variant's case; ``status`` is pass when all hold."""
-    from parity.cases.stress_frozen import frozen_entries, split_trainable
-    from parity.cases.suite import fill_case
-
     if variant == "bf16":
         fill_case(case, res, ref)
         return
@@ -114,8 +109,6 @@ def _fill(case: dict, variant: str, cfg, params, res: dict, ref: dict, steps: in
 
 
 def _cross(variant: str, name: str, jax_res, torch_res, cfg) -> dict:
-    from parity.cases.stress_frozen import split_trainable
-
     dtype = CROSS_VARIANTS[variant]
     tol = tolerance_for(dtype)
     out = {"variant": variant, "schedule": name, "dtype": dtype, "tolerance": tol.max_rel_err,
@@ -135,10 +128,39 @@ def _cross(variant: str, name: str, jax_res, torch_res, cfg) -> dict:
 
 def case_count(suite) -> int:
     """Number of cases :func:`run_stress` runs for ``suite``."""
-    from parity.cases.suite import FRAMEWORK_MODES
-
     modes = sum(1 for f, _ in FRAMEWORK_MODES if f in suite.frameworks)
     return len(VARIANTS) * modes * len(suite.schedule_objects())
+
+
+@dataclasses.dataclass
+class _StressCases:
+    """One stress variant's cases (a :class:`parity.cases.loop.CaseSet`)."""
+
+    variant: str
+    suite: object
+    cfg: TransformerConfig
+    case_cfg: TransformerConfig
+    params: dict
+    tokens: np.ndarray
+    base: UserStack
+
+    def new_case(self, framework, mode, name, plan):
+        gpt = self.variant in ("bf16", "frozen")
+        case = new_case(framework, mode, name, plan, self.case_cfg, self.suite.preset.name)
+        case.update(variant=self.variant, model=self.suite.preset.name if gpt else "user-stack")
+        return case
+
+    def label(self, framework, mode, name):
+        return f"{self.variant} {framework}/{mode} {name}"
+
+    def run(self, framework, mode, plan, *, again):
+        suite = dataclasses.replace(self.suite, timing_repeats=1) if again else self.suite
+        return _run(self.variant, framework, mode, plan, suite, self.cfg, self.params, self.tokens, self.base)
+
+    def check(self, case, framework, mode, plan, res, ref, again):
+        if again is not None:
+            res = {**again, "step_time_s": res.get("step_time_s"), "step_times_s": res.get("step_times_s")}
+        _fill(case, self.variant, self.cfg, self.params, res, ref, self.base.steps)
 
 
 def run_stress(suite, on_case: Callable | None = None, on_start: Callable | None = None,
@@ -147,11 +169,11 @@ def run_stress(suite, on_case: Callable | None = None, on_start: Callable | None
     """Run the stress variants; the report has the layout of :func:`parity.cases.suite.run_suite`'s,
     each case and cross row naming its ``variant``. A case that raises is recorded as ``error``.
 
-    ``user_stack`` sets the shape of the user-style stack (default :class:`UserStack` with the
-    suite's seed); the GPT variants use ``suite.preset``.
+    The cases of each variant run in :func:`parity.cases.loop.run_cases`. ``user_stack`` sets the
+    shape of the user-style stack (default :class:`UserStack` with the suite's seed); the GPT
+    variants use ``suite.preset``.
     """
-    from parity.cases.suite import FRAMEWORK_MODES, SCHEMA_VERSION, _base_case
-
+    callbacks = Callbacks(on_case=on_case, on_start=on_start, on_partial=on_partial)
     schedules = suite.schedule_objects()
     base = user_stack or UserStack(seed=suite.seed)
     cfg = suite.preset.config.replace(dtype="float32")
@@ -165,41 +187,9 @@ def run_stress(suite, on_case: Callable | None = None, on_start: Callable | None
     for variant in variants:
         gpt = variant in ("bf16", "frozen")
         case_cfg = cfg if gpt else TransformerConfig(n_layer=base.n_layer)
-        results = {}
-        for framework, mode in FRAMEWORK_MODES:
-            if framework not in suite.frameworks:
-                continue
-            ref = None
-            for name, plan in schedules:
-                case = _base_case(framework, mode, name, plan, case_cfg, suite)
-                case.update(variant=variant, model=suite.preset.name if gpt else "user-stack")
-                if on_start:
-                    on_start(f"{variant} {framework}/{mode} {name}")
-                t0 = time.perf_counter()
-                try:
-                    res = _run(variant, framework, mode, plan, suite, cfg, params, tokens, base)
-                    if name == "none":
-                        ref = res
-                        again = _run(variant, framework, mode, plan, dataclasses.replace(suite, timing_repeats=1),
-                                     cfg, params, tokens, base)
-                        _fill(case, variant, cfg, params, {**again, "step_time_s": res.get("step_time_s")}, ref,
-                              base.steps)
-                        case["compared_with"] = "a second run of none (run-to-run determinism)"
-                    elif ref is None:
-                        raise RuntimeError("the no-remat reference case failed; nothing to compare against")
-                    else:
-                        _fill(case, variant, cfg, params, res, ref, base.steps)
-                        case["compared_with"] = "none"
-                    results[(framework, mode, name)] = res
-                except Exception as exc:  # recorded, and the suite goes on
-                    case["status"], case["error"] = "error", f"{type(exc).__name__}: {exc}"
-                    case["traceback"] = traceback.format_exc(limit=8)
-                case["case_wall_s"] = time.perf_counter() - t0
-                report["cases"].append(case)
-                if on_case:
-                    on_case(case)
-                if on_partial:
-                    on_partial(report)
+        modes = [(f, m) for f, m in FRAMEWORK_MODES if f in suite.frameworks]
+        results = run_cases(report, schedules, modes,
+                            _StressCases(variant, suite, cfg, case_cfg, params, tokens, base), callbacks)
         if variant in CROSS_VARIANTS and {"jax", "torch"} <= set(suite.frameworks):
             for name, _ in schedules:
                 jax_res = results.get(("jax", "jit", name)) or results.get(("jax", "eager", name))

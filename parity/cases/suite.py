@@ -11,26 +11,25 @@ that raises is recorded with ``status: "error"`` and the suite goes on.
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
-import traceback
-from typing import Callable, Iterable
+from typing import Callable
 
-import numpy as np
-
-from jaxremat.spec import DEFAULT_SCHEDULES, AdamWConfig, parse_schedule, peak_units, recomputed_blocks
-from jaxremat.spec.policies import POLICIES
+from jaxremat.spec import DEFAULT_SCHEDULES, AdamWConfig
 from jaxremat.spec.plan import RematPlan, parse_plan
+from jaxremat.spec.policies import POLICIES
 
-from parity.checks.compare import compare_bitwise, cross_check, tolerance_for
-from parity.inputs.presets import ModelPreset
+from parity.cases import stress
+from parity.cases.loop import FRAMEWORK_MODES, Callbacks, run_cases
+from parity.cases.record import fill_case, new_case
+from parity.checks.compare import cross_check, tolerance_for
+from parity.checks.loss_terms import loss_term_scale
 from parity.checks.names import expected_names, measured_names
+from parity.checks.peer import peer_checks
 from parity.checks.predictions import attach_predictions
-from parity.inputs.pretrained import preset_inputs
 from parity.checks.saving import attach_saving
-
-SCHEMA_VERSION = 3
-"""report.json schema: 3 writes non-finite floats as strings and adds environment and timing spreads (docs/cli.md)."""
+from parity.inputs.presets import ModelPreset
+from parity.inputs.pretrained import preset_inputs
+from parity.report.suite_report import SCHEMA_VERSION
+from parity.runners.dispatch import run_framework
 
 QUICK_PLANS = DEFAULT_SCHEDULES
 """The quick suite (the default): the segment schedules."""
@@ -47,7 +46,6 @@ STRESS_PLANS = ("none", "full", "every_k(2)", "sqrt", "segments(2)", "nested(sqr
 """The stress suite (:mod:`parity.cases.stress`): every schedule kind, under each stress variant."""
 
 SUITE_PLANS = {"quick": QUICK_PLANS, "full": FULL_PLANS, "stress": STRESS_PLANS}
-FRAMEWORK_MODES = (("jax", "jit"), ("jax", "eager"), ("torch", "eager"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,103 +88,6 @@ class SuiteConfig:
                 raise ValueError(f"plan {plan.name!r}: PyTorch cannot keep 'block_input' (a checkpointed segment is "
                                  "replayed from its start); drop it or run --frameworks jax")
         return out
-
-
-def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPlan, suite: SuiteConfig,
-                   with_reverse_loop: bool):
-    if framework == "jax":
-        from parity.runners import jax_runner
-
-        # Op by op, JAX dispatches every primitive from Python (about a second per step here): that
-        # mode checks the loss and gradients; training and step time are measured under jit.
-        return jax_runner.run_schedule(
-            cfg, params, tokens, plan.schedule, mode=mode, hparams=suite.hparams,
-            timing_repeats=suite.timing_repeats, with_reverse_loop=with_reverse_loop, seed=suite.seed,
-            with_training=mode != "eager", policy=plan.policy,
-        )
-    from parity.runners import torch_runner
-
-    return torch_runner.run_schedule(
-        cfg, params, tokens, plan.schedule, hparams=suite.hparams,
-        timing_repeats=suite.timing_repeats, with_reverse_loop=with_reverse_loop, seed=suite.seed,
-        policy=plan.policy,
-    )
-
-
-def _base_case(framework, mode, name, plan: RematPlan, cfg, suite) -> dict:
-    n = cfg.n_layer
-    schedule = plan.schedule
-    return {
-        "framework": framework, "model": suite.preset.name, "schedule": name, "n_layer": n,
-        "policy": plan.policy.name, "offloaded_bytes": None, "names_ok": None, "block_names": None,
-        "dtype": cfg.dtype, "dropout": cfg.dropout, "mode": mode, "status": "error", "error": None,
-        "loss": None, "loss_bitwise_equal": None, "grads_bitwise_equal": None, "weights_bitwise_equal": None,
-        "reverse_loop_bitwise_equal": None, "max_ulp": None, "max_abs_diff": None,
-        "weights_max_ulp": None, "mismatched": [],
-        "residual_bytes": None, "residual_ratio": None, "peak_bytes": None, "peak_ratio": None,
-        "peak_source": None, "predicted_peak_units": peak_units(n, schedule, plan.policy),
-        "predicted_unit_ratio": peak_units(n, schedule, plan.policy) / peak_units(n, parse_schedule("none")),
-        "recomputed_blocks": recomputed_blocks(n, schedule, plan.policy),
-        "step_time_s": None, "step_times_s": None, "time_overhead": None, "time_overhead_range": None,
-    }
-
-
-def fill_case(case: dict, res: dict, ref: dict) -> None:
-    loss_cmp = compare_bitwise({"loss": res["loss"]}, {"loss": ref["loss"]})
-    grads_cmp = compare_bitwise(res["grads"], ref["grads"])
-    trained = res["trained"] is not None and ref["trained"] is not None
-    weights_cmp = compare_bitwise(res["trained"], ref["trained"]) if trained else None
-    timed = res["step_time_s"] is not None and ref["step_time_s"] is not None
-    case.update(
-        loss=float(res["loss"]),
-        loss_bitwise_equal=loss_cmp.equal,
-        grads_bitwise_equal=grads_cmp.equal,
-        weights_bitwise_equal=weights_cmp.equal if trained else None,
-        max_ulp=max(loss_cmp.max_ulp, grads_cmp.max_ulp) if min(loss_cmp.max_ulp, grads_cmp.max_ulp) >= 0 else -1,
-        max_abs_diff=max(loss_cmp.max_abs_diff, grads_cmp.max_abs_diff),
-        weights_max_ulp=weights_cmp.max_ulp if trained else None,
-        mismatched=sorted(set(loss_cmp.mismatched + grads_cmp.mismatched + loss_cmp.nonfinite + grads_cmp.nonfinite)),
-        residual_bytes=int(res["residual_bytes"]),
-        offloaded_bytes=int(res.get("offloaded_bytes") or 0),
-        residual_ratio=res["residual_bytes"] / ref["residual_bytes"] if ref["residual_bytes"] else None,
-        peak_bytes=int(res["peak_bytes"]),
-        peak_ratio=res["peak_bytes"] / ref["peak_bytes"] if ref["peak_bytes"] else None,
-        peak_source=res.get("peak_source"),
-        step_time_s=float(res["step_time_s"]) if timed else None,
-        time_overhead=res["step_time_s"] / ref["step_time_s"] if timed and ref["step_time_s"] else None,
-    )
-    if timed:
-        case["step_times_s"] = _times(res)
-        case["time_overhead_range"] = overhead_range(case["step_times_s"], _times(ref))
-    checks = [case["loss_bitwise_equal"], case["grads_bitwise_equal"]] + ([weights_cmp.equal] if trained else [])
-    if case.get("names_ok") is not None:
-        checks.append(case["names_ok"])
-    if res.get("reverse_loop_grads") is not None:
-        rl = compare_bitwise(res["reverse_loop_grads"], res["grads"])
-        case["reverse_loop_bitwise_equal"] = rl.equal
-        case["reverse_loop_max_ulp"] = rl.max_ulp
-        checks.append(rl.equal)
-    case["status"] = "pass" if all(checks) else "fail"
-
-
-def _times(res: dict) -> list[float]:
-    """The timed steps behind ``res["step_time_s"]`` (seconds): the runner's list when its median is
-    that number, else the median alone (a result whose time was taken from another run)."""
-    times = res.get("step_times_s")
-    if not times or statistics.median(times) != res["step_time_s"]:
-        return [float(res["step_time_s"])]
-    return [float(t) for t in times]
-
-
-def overhead_range(times_s, ref_times_s) -> list[float] | None:
-    """The lowest and highest step-time ratio any pair of timed steps gives: ``[min(t) / max(t_ref),
-    max(t) / min(t_ref)]`` (seconds over seconds), or None without times.
-
-    A ratio whose range includes 1.0 is not resolved from noise by these repeats.
-    """
-    if not times_s or not ref_times_s or min(ref_times_s) <= 0:
-        return None
-    return [min(times_s) / max(ref_times_s), max(times_s) / min(ref_times_s)]
 
 
 def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: RematPlan, res: dict, ref: dict,
@@ -240,8 +141,6 @@ def _cross(schedule: str, dtype: str, a: dict | None, b: dict | None, term_scale
 
 def _cross_rows(schedules, dtype: str, results: dict, cfg, params, tokens) -> list[dict]:
     """One :func:`_cross` row per schedule (JAX ``jit``, else op by op, against PyTorch)."""
-    from parity.checks.loss_terms import loss_term_scale
-
     scale, failure = None, None
     try:
         scale = loss_term_scale(cfg, params, tokens)
@@ -261,18 +160,66 @@ def _runs(suite: SuiteConfig, framework: str, mode: str, dropout: float) -> bool
 def count_cases(suite: SuiteConfig) -> int:
     """Number of cases :func:`run_suite` will run (for a progress bar)."""
     if suite.name == "stress":
-        from parity.cases.stress import case_count
-
-        return case_count(suite)
+        return stress.case_count(suite)
     dropouts = suite.preset.dropouts or (suite.preset.config.dropout,)
     modes = sum(_runs(suite, f, m, r) for r in dropouts for f, m in FRAMEWORK_MODES)
     return len(suite.dtypes) * modes * len(suite.schedule_objects())
+
+
+@dataclasses.dataclass
+class _SuiteCases:
+    """The quick and full suites' cases at one dtype and dropout rate (a :class:`parity.cases.loop.CaseSet`)."""
+
+    suite: SuiteConfig
+    cfg: object
+    params: dict
+    tokens: object
+    names_cache: dict = dataclasses.field(default_factory=dict)
+
+    def new_case(self, framework, mode, name, plan):
+        return new_case(framework, mode, name, plan, self.cfg, self.suite.preset.name)
+
+    def label(self, framework, mode, name):
+        return f"{framework}/{mode} {self.cfg.dtype} {name}"
+
+    def run(self, framework, mode, plan, *, again):
+        if again:  # the reference's second run: determinism, one timed step
+            suite = dataclasses.replace(self.suite, timing_repeats=1)
+            return run_framework(framework, mode, self.cfg, self.params, self.tokens, plan, suite,
+                                 with_reverse_loop=False)
+        # The hand-rolled loop is checked op by op in JAX: under jit it is a different XLA program
+        # (Python-unrolled segments), fused differently (docs/framework-differences.md).
+        return run_framework(framework, mode, self.cfg, self.params, self.tokens, plan, self.suite,
+                             with_reverse_loop=plan.name != "none" and (framework, mode) != ("jax", "jit"))
+
+    def check(self, case, framework, mode, plan, res, ref, again):
+        B, T = self.suite.preset.batch_size, self.suite.preset.seq_len
+        if again is not None:
+            fill_case(case, {**again, "step_time_s": res["step_time_s"], "step_times_s": res.get("step_times_s")}, ref)
+        else:
+            _check_kept(case, framework, self.cfg, self.suite, plan, res, ref, self.names_cache)
+            fill_case(case, res, ref)
+        attach_predictions(case, framework, self.cfg, B, T, plan, res)
+        if again is None:
+            attach_saving(case, framework, self.cfg, B, T, plan, res, ref)
+
+
+def _peer_rows(suite: SuiteConfig, cfg, params, tokens, dtype: str) -> list[dict]:
+    """The peer checks of an encoder (:func:`parity.checks.peer.peer_checks`), or one failed row on error."""
+    try:
+        ckpt = suite.preset.checkpoint() if suite.preset.checkpoint else None
+        return peer_checks(cfg, params, tokens, ckpt)
+    except Exception as exc:  # recorded as a failed check, and the suite goes on
+        return [{"check": "peer", "dtype": dtype, "max_rel_err": None, "tolerance": None, "ok": False,
+                 "note": f"{type(exc).__name__}: {exc}"}]
 
 
 def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
               on_start: Callable[[str], None] | None = None,
               on_partial: Callable[[dict], None] | None = None) -> dict:
     """Run every case of ``suite``; return the report object (``schema``, ``cases``, ``cross_framework``).
+
+    The cases run in :func:`parity.cases.loop.run_cases` (the stress suite: :func:`parity.cases.stress.run_stress`).
 
     Args:
         suite: what to run.
@@ -284,9 +231,8 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
         ValueError: a schedule name or parameter is invalid (before any case runs).
     """
     if suite.name == "stress":
-        from parity.cases.stress import run_stress
-
-        return run_stress(suite, on_case=on_case, on_start=on_start, on_partial=on_partial)
+        return stress.run_stress(suite, on_case=on_case, on_start=on_start, on_partial=on_partial)
+    callbacks = Callbacks(on_case=on_case, on_start=on_start, on_partial=on_partial)
     schedules = suite.schedule_objects()
     report = {"schema": SCHEMA_VERSION, "suite": suite.name, "model": suite.preset.name,
               "config": None, "batch_size": suite.preset.batch_size, "seq_len": suite.preset.seq_len,
@@ -298,66 +244,10 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
         cfg = cfg.replace(dropout=dropout)
         report["config"] = dataclasses.asdict(cfg)
         if cfg.arch == "bert" and dropout == 0.0:
-            from parity.checks.peer import peer_checks
-
-            try:
-                ckpt = suite.preset.checkpoint() if suite.preset.checkpoint else None
-                report.setdefault("peer", []).extend(peer_checks(cfg, params, tokens, ckpt))
-            except Exception as exc:  # recorded as a failed check, and the suite goes on
-                report.setdefault("peer", []).append({"check": "peer", "dtype": dtype, "max_rel_err": None,
-                                                      "tolerance": None, "ok": False,
-                                                      "note": f"{type(exc).__name__}: {exc}"})
-        results: dict[tuple[str, str, str], dict] = {}
-        names_cache: dict = {}
-        for framework, mode in FRAMEWORK_MODES:
-            if not _runs(suite, framework, mode, dropout):
-                continue
-            ref = None
-            for name, plan in schedules:
-                case = _base_case(framework, mode, name, plan, cfg, suite)
-                if on_start:
-                    on_start(f"{framework}/{mode} {dtype} {name}")
-                t_case = time.perf_counter()
-                try:
-                    # The hand-rolled loop is checked op by op in JAX: under jit it is a different XLA
-                    # program (Python-unrolled segments), fused differently (docs/framework-differences.md).
-                    res = run_framework(framework, mode, cfg, params, tokens, plan, suite,
-                                         with_reverse_loop=name != "none" and (framework, mode) != ("jax", "jit"))
-                    if name == "none":
-                        # The reference is checked against a second run of itself: determinism.
-                        ref = res
-                        again = run_framework(framework, mode, cfg, params, tokens, plan,
-                                               dataclasses.replace(suite, timing_repeats=1), with_reverse_loop=False)
-                        fill_case(case, {**again, "step_time_s": res["step_time_s"],
-                                           "step_times_s": res.get("step_times_s")}, ref)
-                        case["compared_with"] = "a second run of none (run-to-run determinism)"
-                    elif ref is None:
-                        raise RuntimeError("the no-remat reference case failed; nothing to compare against")
-                    else:
-                        _check_kept(case, framework, cfg, suite, plan, res, ref, names_cache)
-                        fill_case(case, res, ref)
-                        case["compared_with"] = "none"
-                    attach_predictions(case, framework, cfg, suite.preset.batch_size, suite.preset.seq_len, plan, res)
-                    if name != "none":
-                        attach_saving(case, framework, cfg, suite.preset.batch_size, suite.preset.seq_len, plan, res, ref)
-                    results[(framework, mode, name)] = res
-                except Exception as exc:  # recorded, and the suite goes on
-                    case["status"] = "error"
-                    case["error"] = f"{type(exc).__name__}: {exc}"
-                    case["traceback"] = traceback.format_exc(limit=8)
-                case["case_wall_s"] = time.perf_counter() - t_case
-                report["cases"].append(case)
-                if on_case:
-                    on_case(case)
-                if on_partial:
-                    on_partial(report)
+            report.setdefault("peer", []).extend(_peer_rows(suite, cfg, params, tokens, dtype))
+        modes = [(f, m) for f, m in FRAMEWORK_MODES if _runs(suite, f, m, dropout)]
+        results = run_cases(report, schedules, modes, _SuiteCases(suite, cfg, params, tokens), callbacks)
         # With dropout the two frameworks draw different masks (different RNGs): compared only without.
         if "jax" in suite.frameworks and "torch" in suite.frameworks and dropout == 0.0:
             report["cross_framework"] += _cross_rows(schedules, dtype, results, cfg, params, tokens)
     return report
-
-
-def report_passed(report: dict) -> bool:
-    """True when every case passed and every cross-framework comparison is within tolerance."""
-    return (all(c["status"] == "pass" for c in report["cases"]) and all(x["ok"] for x in report["cross_framework"])
-            and all(x["ok"] is not False for x in report.get("peer", [])))

@@ -15,7 +15,7 @@
   ``max_memory_allocated`` after a reset) less what was allocated before the step;
 * **step time** -- median of one forward+backward step, reported as a ratio to ``none`` at the
   same depth (measured side by side in one run), with the lowest and highest ratio any pair of
-  timed steps gives (:func:`parity.cases.suite.overhead_range`): a range that holds 1.0 is noise.
+  timed steps gives (:func:`parity.cases.record.overhead_range`): a range that holds 1.0 is noise.
 
 It fits the log-log slope of each memory against depth per schedule (Chen et al. 2016,
 arXiv:1604.06174: about 1 for ``none``, about 0.5 for ``sqrt``, whose peak is ``2 sqrt(N)``
@@ -36,6 +36,9 @@ import numpy as np
 from jaxremat.spec import TransformerConfig, init_params, param_shapes, peak_units
 from jaxremat.spec import activation_model as am
 from jaxremat.spec.plan import RematPlan, parse_plan
+
+from parity.cases.record import overhead_range
+from parity.inputs.corpus import token_batch
 
 DEFAULT_DEPTHS = (4, 8, 16, 32, 64)
 DEFAULT_SCHEDULES = ("none", "full", "sqrt", "nested")
@@ -235,8 +238,6 @@ def fit_slope(depths, values) -> float | None:
 
 
 def _tokens(sweep: SweepConfig) -> np.ndarray:
-    from parity.inputs.corpus import token_batch
-
     return token_batch(sweep.batch_size, sweep.seq_len) % sweep.config.vocab_size
 
 
@@ -257,7 +258,6 @@ def _attach_survival(cases: list[dict]) -> None:
 
 def _attach_ratios(cases: list[dict]) -> None:
     """Step-time and memory ratios to ``none`` at the same depth and framework."""
-    from parity.cases.suite import overhead_range
 
     ref = {(c["framework"], c["n_layer"]): c for c in cases if c["plan"] == "none" and not c["error"]}
     for c in cases:

@@ -123,7 +123,8 @@ def _suite_from_args(args):
     """The :class:`parity.cases.suite.SuiteConfig` of the options, every check done before any work."""
     from parity.cli.budget import check_device_fits, check_fits, run_estimate
     from parity.cli.checks import check_jax_platform
-    from parity.cases.suite import FRAMEWORK_MODES, SUITE_PLANS, SuiteConfig
+    from parity.cases.loop import FRAMEWORK_MODES
+    from parity.cases.suite import SUITE_PLANS, SuiteConfig
 
     dtypes, frameworks, schedules = _options(args)
     preset, file_bytes = _preset(args, dtypes)
@@ -182,7 +183,8 @@ def _run_locked(args, suite, console, kept, lock, env) -> int:
 
     from parity.cli import checks as cc
     from parity.report.suite_report import print_tables, write_report
-    from parity.cases.suite import count_cases, report_passed, run_suite
+    from parity.cases.suite import count_cases, run_suite
+    from parity.checks.verdict import report_passed
 
     if kept:
         cc.note(console, kept)

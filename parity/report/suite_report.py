@@ -21,7 +21,12 @@ from rich.text import Text
 
 from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
 
+from parity.checks.verdict import report_passed
+
 REPORT_FILES = ("report.json", "report.md")
+
+SCHEMA_VERSION = 3
+"""report.json schema: 3 writes non-finite floats as strings and adds environment and timing spreads (docs/cli.md)."""
 
 
 class OutputDirError(Exception):
@@ -123,8 +128,6 @@ _VERDICT_WORDS = {"fail": "failed", "no_saving": "saved no memory", "error": "er
 
 def verdict(report: dict) -> str:
     """One line: passed or not, how many cases and comparisons, and how many timings beat their noise."""
-    from parity.cases.suite import report_passed
-
     cases = report["cases"]
     counts = {k: sum(c["status"] == k for c in cases) for k in ("pass", "fail", "no_saving", "error")}
     cross = report.get("cross_framework") or []

@@ -18,7 +18,8 @@ from parity.runners import torch_runner
 from parity.cli.run import main
 from parity.inputs.presets import get_preset
 from parity.report.suite_report import write_report
-from parity.cases.suite import SuiteConfig, report_passed, run_suite
+from parity.cases.suite import SuiteConfig, run_suite
+from parity.checks.verdict import report_passed
 
 
 @pytest.mark.parametrize("bad", [np.nan])  # inf: tests/parity/test_compare.py

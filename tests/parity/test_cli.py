@@ -12,7 +12,7 @@ import pytest
 
 from parity.cli.run import build_parser, main
 from parity.report.suite_report import CASE_COLUMNS
-from parity.cases.suite import SCHEMA_VERSION
+from parity.report.suite_report import SCHEMA_VERSION
 
 REQUIRED_CASE_KEYS = {
     "framework", "model", "schedule", "n_layer", "dtype", "mode", "grads_bitwise_equal", "weights_bitwise_equal",

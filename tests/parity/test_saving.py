@@ -4,7 +4,8 @@ from jaxremat.spec import TransformerConfig
 from jaxremat.spec.plan import parse_plan
 from parity.inputs.presets import get_preset
 from parity.checks.saving import STATUS, attach_saving
-from parity.cases.suite import SuiteConfig, report_passed, run_suite
+from parity.cases.suite import SuiteConfig, run_suite
+from parity.checks.verdict import report_passed
 
 CFG = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 REF = {"residual_bytes": 1000, "peak_bytes": 10_000, "peak_breakdown": {"step_increase": 8000}, "dots_compiled": 40}

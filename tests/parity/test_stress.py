@@ -10,7 +10,8 @@ from parity.inputs.presets import get_preset
 from parity.report.suite_report import markdown
 from parity.cases.stress import VARIANTS, run_stress
 from parity.cases.stress_user import UserStack
-from parity.cases.suite import SuiteConfig, report_passed
+from parity.cases.suite import SuiteConfig
+from parity.checks.verdict import report_passed
 
 MODES = {("jax", "jit"), ("jax", "eager"), ("torch", "eager")}
 

@@ -5,7 +5,9 @@ import pytest
 from jaxremat.spec.plan import parse_plan
 from parity.runners import torch_runner
 from parity.inputs.presets import get_preset
-from parity.cases.suite import SuiteConfig, _base_case, overhead_range, report_passed, run_suite
+from parity.cases.record import new_case, overhead_range
+from parity.cases.suite import SuiteConfig, run_suite
+from parity.checks.verdict import report_passed
 
 TIMING_KEYS = {"step_time_s", "step_times_s", "time_overhead", "time_overhead_range", "case_wall_s"}
 
@@ -42,10 +44,10 @@ def test_two_runs_give_identical_numbers_except_timings():
 @pytest.mark.parametrize("plan", ["full+save_everything", "every_k(2)+save_everything"])
 def test_case_of_a_policy_that_saves_everything_reports_no_recompute(plan):
     p = parse_plan(plan)
-    case = _base_case("torch", "eager", p.name, p, get_preset("gpt-tiny").config, _suite())
+    case = new_case("torch", "eager", p.name, p, get_preset("gpt-tiny").config, "gpt-tiny")
     assert case["recomputed_blocks"] == 0 and case["predicted_unit_ratio"] == 1.0
     full = parse_plan("full")
-    assert _base_case("torch", "eager", "full", full, get_preset("gpt-tiny").config, _suite())["recomputed_blocks"] == 4
+    assert new_case("torch", "eager", "full", full, get_preset("gpt-tiny").config, "gpt-tiny")["recomputed_blocks"] == 4
 
 
 def test_overhead_range_spans_every_pair_of_timed_steps():

@@ -1,0 +1,102 @@
+"""The case record: the fields every case starts with, and how a run fills them against its reference.
+
+:func:`new_case` is the case dict before it runs (``status: "error"`` until checked);
+:func:`fill_case` compares one run with the reference byte for byte (:func:`parity.checks.compare.compare_bitwise`:
+loss, gradients, trained weights, the reverse loop's gradients) and copies its measurements;
+:func:`overhead_range` is the spread of a step-time ratio over the timed steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from jaxremat.spec import parse_schedule, peak_units, recomputed_blocks
+from jaxremat.spec.plan import RematPlan
+
+from parity.checks.compare import compare_bitwise
+
+
+def new_case(framework: str, mode: str, name: str, plan: RematPlan, cfg, model: str) -> dict:
+    """The fields of one case before it runs: what it is, its predictions, every check unset.
+
+    Args:
+        framework: ``"jax"`` or ``"torch"``.
+        mode: ``"jit"`` or ``"eager"``.
+        name: the plan's canonical name.
+        plan: the remat plan.
+        cfg: the model configuration (``n_layer``, ``dtype``, ``dropout``).
+        model: the model's name in the report.
+    """
+    n = cfg.n_layer
+    schedule = plan.schedule
+    return {
+        "framework": framework, "model": model, "schedule": name, "n_layer": n,
+        "policy": plan.policy.name, "offloaded_bytes": None, "names_ok": None, "block_names": None,
+        "dtype": cfg.dtype, "dropout": cfg.dropout, "mode": mode, "status": "error", "error": None,
+        "loss": None, "loss_bitwise_equal": None, "grads_bitwise_equal": None, "weights_bitwise_equal": None,
+        "reverse_loop_bitwise_equal": None, "max_ulp": None, "max_abs_diff": None,
+        "weights_max_ulp": None, "mismatched": [],
+        "residual_bytes": None, "residual_ratio": None, "peak_bytes": None, "peak_ratio": None,
+        "peak_source": None, "predicted_peak_units": peak_units(n, schedule, plan.policy),
+        "predicted_unit_ratio": peak_units(n, schedule, plan.policy) / peak_units(n, parse_schedule("none")),
+        "recomputed_blocks": recomputed_blocks(n, schedule, plan.policy),
+        "step_time_s": None, "step_times_s": None, "time_overhead": None, "time_overhead_range": None,
+    }
+def fill_case(case: dict, res: dict, ref: dict) -> None:
+    loss_cmp = compare_bitwise({"loss": res["loss"]}, {"loss": ref["loss"]})
+    grads_cmp = compare_bitwise(res["grads"], ref["grads"])
+    trained = res["trained"] is not None and ref["trained"] is not None
+    weights_cmp = compare_bitwise(res["trained"], ref["trained"]) if trained else None
+    timed = res["step_time_s"] is not None and ref["step_time_s"] is not None
+    case.update(
+        loss=float(res["loss"]),
+        loss_bitwise_equal=loss_cmp.equal,
+        grads_bitwise_equal=grads_cmp.equal,
+        weights_bitwise_equal=weights_cmp.equal if trained else None,
+        max_ulp=max(loss_cmp.max_ulp, grads_cmp.max_ulp) if min(loss_cmp.max_ulp, grads_cmp.max_ulp) >= 0 else -1,
+        max_abs_diff=max(loss_cmp.max_abs_diff, grads_cmp.max_abs_diff),
+        weights_max_ulp=weights_cmp.max_ulp if trained else None,
+        mismatched=sorted(set(loss_cmp.mismatched + grads_cmp.mismatched + loss_cmp.nonfinite + grads_cmp.nonfinite)),
+        residual_bytes=int(res["residual_bytes"]),
+        offloaded_bytes=int(res.get("offloaded_bytes") or 0),
+        residual_ratio=res["residual_bytes"] / ref["residual_bytes"] if ref["residual_bytes"] else None,
+        peak_bytes=int(res["peak_bytes"]),
+        peak_ratio=res["peak_bytes"] / ref["peak_bytes"] if ref["peak_bytes"] else None,
+        peak_source=res.get("peak_source"),
+        step_time_s=float(res["step_time_s"]) if timed else None,
+        time_overhead=res["step_time_s"] / ref["step_time_s"] if timed and ref["step_time_s"] else None,
+    )
+    if timed:
+        case["step_times_s"] = _times(res)
+        case["time_overhead_range"] = overhead_range(case["step_times_s"], _times(ref))
+    checks = [case["loss_bitwise_equal"], case["grads_bitwise_equal"]] + ([weights_cmp.equal] if trained else [])
+    if case.get("names_ok") is not None:
+        checks.append(case["names_ok"])
+    if res.get("reverse_loop_grads") is not None:
+        rl = compare_bitwise(res["reverse_loop_grads"], res["grads"])
+        case["reverse_loop_bitwise_equal"] = rl.equal
+        case["reverse_loop_max_ulp"] = rl.max_ulp
+        checks.append(rl.equal)
+    case["status"] = "pass" if all(checks) else "fail"
+
+
+def _times(res: dict) -> list[float]:
+    """The timed steps behind ``res["step_time_s"]`` (seconds): the runner's list when its median is
+    that number, else the median alone (a result whose time was taken from another run)."""
+    times = res.get("step_times_s")
+    if not times or statistics.median(times) != res["step_time_s"]:
+        return [float(res["step_time_s"])]
+    return [float(t) for t in times]
+
+
+def overhead_range(times_s, ref_times_s) -> list[float] | None:
+    """The lowest and highest step-time ratio any pair of timed steps gives: ``[min(t) / max(t_ref),
+    max(t) / min(t_ref)]`` (seconds over seconds), or None without times.
+
+    A ratio whose range includes 1.0 is not resolved from noise by these repeats.
+    """
+    if not times_s or not ref_times_s or min(ref_times_s) <= 0:
+        return None
+    return [min(times_s) / max(ref_times_s), max(times_s) / min(ref_times_s)]
+
+
