@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from jaxremat.spec.plan import RematPlan
 
+from parity.runners.result import RunResult
+
 
 def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPlan, suite,
-                  with_reverse_loop: bool) -> dict:
+                  with_reverse_loop: bool) -> RunResult:
     """Run ``plan`` once in ``framework``/``mode`` with ``suite``'s optimizer, timing and seed.
 
     Args:
@@ -23,7 +25,7 @@ def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPla
         with_reverse_loop: also run the hand-written reverse segment loop.
 
     Returns:
-        The runner's result dict (see the two ``run_schedule`` docstrings).
+        The runner's :class:`parity.runners.result.RunResult` (see the two ``run_schedule`` docstrings).
     """
     if framework == "jax":
         from parity.runners import jax_runner
