@@ -1,6 +1,8 @@
 """Depth sweep: activation memory and step time against depth, per schedule, in both frameworks.
 
-``python -m parity sweep`` measures, for each depth N and each remat plan, in JAX and PyTorch:
+``python -m parity sweep`` measures, for each depth N and each remat plan, in JAX and PyTorch,
+through the runners' one measurement path per framework (:func:`parity.runners.jax_memory.measure_jax`,
+:func:`parity.runners.torch_memory.measure_torch`):
 
 * **saved bytes** -- activations kept by the forward pass for the backward pass (parameters
   excluded, also where JAX lists them among the residuals; :mod:`jaxremat.memory`), beside the

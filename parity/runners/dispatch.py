@@ -40,7 +40,7 @@ def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPla
     from parity.runners import torch_runner
 
     return torch_runner.run_schedule(
-        cfg, params, tokens, plan.schedule, hparams=suite.hparams,
+        cfg, params, tokens, plan.schedule, mode=mode, hparams=suite.hparams,
         timing_repeats=suite.timing_repeats, with_reverse_loop=with_reverse_loop, seed=suite.seed,
         policy=plan.policy,
     )

@@ -109,12 +109,12 @@ class RunResult:
 class Runner(Protocol):
     """The signature both framework runners satisfy (``run_schedule`` of each runner module).
 
-    The JAX runner adds ``mode`` (``"jit"`` or ``"eager"``) and ``with_training``; PyTorch runs
-    eagerly and always trains.
+    ``mode`` is ``"jit"`` or ``"eager"`` in JAX, ``"eager"`` only in PyTorch. The JAX runner adds
+    ``with_training`` (False: no training run and no timing).
     """
 
     def __call__(self, cfg: TransformerConfig, params: Mapping[str, np.ndarray], tokens: np.ndarray,
-                 schedule: Schedule, *, hparams: AdamWConfig, timing_repeats: int = 5,
+                 schedule: Schedule, *, mode: str, hparams: AdamWConfig, timing_repeats: int = 5,
                  with_reverse_loop: bool = True, seed: int = 0,
                  policy: Policy | str | None = None) -> RunResult:
         """Loss, gradients, trained weights, memory and step time of ``schedule`` on ``tokens``."""

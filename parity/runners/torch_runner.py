@@ -49,8 +49,8 @@ def _train_step(model: GPT, opt: torch.optim.Optimizer, tokens: torch.Tensor, sc
 
 def run_schedule(
     cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, schedule: Schedule, *,
-    hparams: AdamWConfig, timing_repeats: int = 5, with_reverse_loop: bool = True, seed: int = 0,
-    policy: Policy | str | None = None,
+    hparams: AdamWConfig, mode: str = "eager", timing_repeats: int = 5, with_reverse_loop: bool = True,
+    seed: int = 0, policy: Policy | str | None = None,
 ) -> RunResult:
     """Loss, gradients, training, residual and peak memory, and step time of one remat schedule.
 
@@ -60,6 +60,8 @@ def run_schedule(
         tokens: ``(B, T+1)`` integer token ids; inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
         schedule: remat schedule for the blocks.
         hparams: AdamW hyper-parameters and number of training steps.
+        mode: ``"eager"``, the only mode of the PyTorch reference (named for the runner protocol,
+            :class:`parity.runners.result.Runner`).
         timing_repeats: timed training steps (after one warm-up step); >= 1.
         with_reverse_loop: also run :func:`torchref.reverse_loop.reverse_segment_loop` (only for
             schedules with at least one checkpointed segment).
@@ -78,8 +80,10 @@ def run_schedule(
 
     Raises:
         ValueError: bad parameters, tokens (not integer, wrong rank, ids out of range, too long),
-            a schedule invalid for ``cfg.n_layer``, or ``timing_repeats < 1``.
+            a schedule invalid for ``cfg.n_layer``, a mode other than ``"eager"``, or ``timing_repeats < 1``.
     """
+    if mode != "eager":
+        raise ValueError(f"the PyTorch reference runs eagerly: mode must be 'eager', got {mode!r}")
     if timing_repeats < 1:
         raise ValueError(f"timing_repeats must be >= 1, got {timing_repeats}")
     tokens = np.asarray(tokens)

@@ -110,3 +110,18 @@ def test_sweep_and_runner_measure_through_the_same_path():
     mem = measure_jax(lambda p: loss(p, tok), params, compiled)
     assert (case["saved_bytes"], case["peak_bytes"], case["peak_activation_bytes"]) == \
         (mem.saved_bytes, mem.peak_bytes, mem.peak_activation_bytes)
+
+
+def test_both_runners_take_the_protocol_parameters():
+    import inspect
+
+    from parity.runners import jax_runner, torch_runner
+    from parity.runners.result import Runner
+
+    wanted = [(p.name, p.kind) for p in inspect.signature(Runner.__call__).parameters.values() if p.name != "self"]
+    for runner in (jax_runner.run_schedule, torch_runner.run_schedule):
+        got = inspect.signature(runner).parameters
+        assert all(name in got and got[name].kind == kind for name, kind in wanted), runner.__module__
+    with pytest.raises(ValueError, match="eagerly"):
+        torch_runner.run_schedule(CFG, init_params(CFG), TOKENS, parse_schedule("none"), mode="jit",
+                                  hparams=None)
