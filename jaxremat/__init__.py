@@ -20,6 +20,7 @@ Nothing here imports PyTorch.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 # public name -> module that defines it (relative to this package)
 _NAMES = {
@@ -44,17 +45,19 @@ _NAMES = {
                      "compiled_stats", "device_peak_bytes", "gpu_available"), ".memory"),
 }
 
-_SUBMODULES = ("block_memory", "encoder", "encoder_reverse_loop", "flax", "flax_checks", "lint", "memory", "model",
-               "ops", "policies", "render", "reverse_loop", "segment_vjp", "spec", "survival")
-
 __all__ = sorted(_NAMES)
+
+
+def _submodules() -> set[str]:
+    """The submodules and subpackages of this package (``render``, ``flax``, ``spec``, ...), from its folder."""
+    return {m.name for m in pkgutil.iter_modules(__path__)}
 
 
 def __getattr__(name: str):
     """Import a public name (or a submodule) on first use and keep it in the package namespace."""
     if name in _NAMES:
         value = getattr(importlib.import_module(_NAMES[name], __name__), name)
-    elif name in _SUBMODULES:
+    elif not name.startswith("_") and name in _submodules():
         value = importlib.import_module(f".{name}", __name__)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -63,4 +66,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_NAMES, *_SUBMODULES})
+    return sorted({*globals(), *_NAMES, *_submodules()})

@@ -238,6 +238,11 @@ def test_jaxremat_gives_the_library():
 
     assert jaxremat.remat_scan is remat_scan and jaxremat.remat_stack is remat_stack
     assert jaxremat.parse_policy is parse_policy
+    import jaxremat.render
+
+    # a submodule is an attribute before anyone imports it (the lazy path, called directly)
+    assert jaxremat.__getattr__("render") is jaxremat.render
+    assert {"render", "flax", "memory", "spec"} <= set(dir(jaxremat))
     with pytest.raises(AttributeError, match="no attribute 'remat_scann'"):
         jaxremat.remat_scann
 
