@@ -282,3 +282,12 @@ def test_every_dotted_name_in_docstrings_and_docs_resolves():
 def test_every_repository_path_in_docstrings_and_docs_exists():
     bad = missing_paths()
     assert not bad, "paths quoted in docstrings or docs that do not exist:\n" + "\n".join(bad)
+
+
+def test_docs_name_the_report_schema_the_suite_writes():
+    from parity.cases.suite import SCHEMA_VERSION
+
+    cited = [(where, int(n)) for where, text in texts()
+             for n in re.findall(r"report\.json \(?schema:? (\d+)", text)]
+    assert cited, "no text names the report.json schema"
+    assert [c for c in cited if c[1] != SCHEMA_VERSION] == [], f"the suite writes schema {SCHEMA_VERSION}"
