@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxremat.spec import TransformerConfig, init_params
+from jaxremat.models import TransformerConfig, init_params
 
 from parity.checks.compare import compare_bitwise, max_rel_err, tolerance_for
 from parity.inputs.corpus import token_batch

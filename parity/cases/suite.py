@@ -18,10 +18,12 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from jaxremat.spec import DEFAULT_SCHEDULES, AdamWConfig, parse_schedule, peak_units, recomputed_blocks
+from jaxremat.models import get_model
+from jaxremat.spec import DEFAULT_SCHEDULES, parse_schedule, peak_units, recomputed_blocks
 from jaxremat.spec.policies import POLICIES
 from jaxremat.spec.plan import RematPlan, parse_plan
 
+from parity.inputs.train import AdamWConfig
 from parity.checks.compare import compare_bitwise, cross_check, tolerance_for
 from parity.inputs.presets import ModelPreset
 from parity.checks.names import expected_names, measured_names
@@ -199,7 +201,7 @@ def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: Remat
     policy = plan.policy
     if policy.saves_nothing:
         return
-    if cfg.arch != "gpt":  # the per-block name measurement (block_memory) builds the GPT block only
+    if not get_model(cfg.arch).block_names_measurable:  # block_memory builds the GPT block only
         case["expected_names"] = "not measured for this architecture"
         return
     if policy.save_everything:
@@ -297,9 +299,9 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
         cfg, params, tokens = preset_inputs(suite.preset, dtype, suite.seed)
         cfg = cfg.replace(dropout=dropout)
         report["config"] = dataclasses.asdict(cfg)
-        if cfg.arch == "bert" and dropout == 0.0:
-            from parity.checks.peer import peer_checks
-
+        spec = get_model(cfg.arch)
+        if spec.peer_checks is not None and dropout == 0.0:
+            peer_checks = spec.load("peer_checks")
             try:
                 ckpt = suite.preset.checkpoint() if suite.preset.checkpoint else None
                 report.setdefault("peer", []).extend(peer_checks(cfg, params, tokens, ckpt))

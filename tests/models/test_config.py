@@ -1,9 +1,9 @@
-"""compute_dtype: validated, float32 parameters only."""
+"""jaxremat.models.config: TransformerConfig validates every field; compute_dtype needs float32 parameters."""
 
 import pytest
 
-from jaxremat.spec import TransformerConfig
-from jaxremat.spec.config import COMPUTE_DTYPES
+from jaxremat.models import TransformerConfig
+from jaxremat.models.config import COMPUTE_DTYPES
 
 
 def test_compute_dtype_accepts_bfloat16_and_none():
@@ -20,3 +20,17 @@ def test_compute_dtype_accepts_bfloat16_and_none():
 def test_compute_dtype_rejects_bad_values(changes, message):
     with pytest.raises(ValueError, match=message):
         TransformerConfig(**changes)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"d_model": 10, "n_head": 3}, "divisible"), ({"n_layer": 0}, "n_layer"), ({"dtype": "int8"}, "dtype"),
+    ({"dropout": 1.0}, "dropout"), ({"vocab_size": 2.0}, "vocab_size"),
+])
+def test_config_rejects_bad_fields(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        TransformerConfig(**kwargs)
+
+
+def test_config_rejects_an_unregistered_arch_listing_the_families():
+    with pytest.raises(ValueError, match="arch must be one of gpt, bert, got 'llama'"):
+        TransformerConfig(arch="llama")
