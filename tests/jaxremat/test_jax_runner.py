@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from jaxremat.spec import AdamWConfig, TransformerConfig, init_params, none, sqrt
+from jaxremat.spec import none, sqrt
+from jaxremat.models import TransformerConfig, init_params
+from parity.inputs.train import AdamWConfig
 from parity.runners import jax_runner
 
 # n_layer 4: sqrt is segments(2) = one checkpointed 2-layer segment + a plain tail (bitwise under jit)

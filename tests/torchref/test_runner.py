@@ -5,7 +5,9 @@ import warnings
 import numpy as np
 import pytest
 
-from jaxremat.spec import AdamWConfig, TransformerConfig, full, init_params, none
+from jaxremat.spec import full, none
+from jaxremat.models import TransformerConfig, init_params
+from parity.inputs.train import AdamWConfig
 from parity.runners.torch_runner import run_schedule
 
 CFG = TransformerConfig(vocab_size=64, n_layer=3, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
