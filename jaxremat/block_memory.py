@@ -15,8 +15,9 @@ import jax.numpy as jnp
 from .memory import ResidualRecord, saved_residuals
 from .model import block_forward
 from .policies import to_jax_policy
-from .spec.config import TransformerConfig
-from .spec.params import BLOCK_PARAM_NAMES, param_shapes
+from .models.config import TransformerConfig
+from .models.block import BLOCK_PARAM_NAMES
+from .models.params import param_shapes
 from .spec.policies import Policy
 
 

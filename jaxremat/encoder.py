@@ -1,7 +1,7 @@
 """A BERT-style post-LayerNorm encoder in JAX, single-device model code only.
 
 The encoder variant of :mod:`jaxremat.model` (``TransformerConfig(arch="bert")``), written as pure
-functions on the canonical parameter dict of :func:`jaxremat.spec.encoder_params.encoder_param_shapes`.
+functions on the canonical parameter dict of :func:`jaxremat.models.bert.layout.encoder_param_shapes`.
 Its blocks run through :func:`jaxremat.render.remat_scan`, exactly as the GPT blocks do, so every
 schedule and policy applies unchanged: the padding mask reaches the blocks by closure, the per-layer
 dropout keys as scanned ``xs`` (:func:`jaxremat.model.layer_dropout_keys`), so a recomputed block
@@ -37,7 +37,7 @@ from jax.ad_checkpoint import checkpoint_name
 from .model import block_params_of, layer_dropout_keys
 from .ops import batched_matmul, gelu, layer_norm, masked_softmax
 from .render import remat_scan
-from .spec.config import TransformerConfig
+from .models.config import TransformerConfig
 from .spec.schedules import Schedule, none
 
 __all__ = [

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 
 from .encoder import contrastive_loss, embed, encoder_block_forward, mean_pool, padding_mask
 from .model import block_params_of, layer_dropout_keys
-from .spec.config import TransformerConfig
-from .spec.params import BLOCK_PARAM_NAMES
+from .models.config import TransformerConfig
+from .models.block import BLOCK_PARAM_NAMES
 from .spec.schedules import Schedule
 
 __all__ = ["reverse_loop_value_and_grad"]

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
+from .custom_vjp import check_custom_vjp_residuals
 from .flax_checks import (BUILD_HINT, LINEN_HINT, BlockContractError, check_carry, check_declared_shapes,
                           check_linen_shapes, check_one_layer, check_stacked)
 from .lint import check_plan, plan_checked
@@ -94,6 +95,7 @@ def remat_stack(
     policy: Any = None,
     xs: Any = None,
     call: Callable[[nnx.Module, Any, Any], Any] | None = None,
+    custom_vjp_residuals: str = "recompute",
 ) -> Any:
     """Run ``x`` through the N layers of a stacked NNX block under a remat schedule and policy.
 
@@ -111,6 +113,9 @@ def remat_stack(
         call: ``(layer, carry, layer_xs) -> carry`` for one layer; default ``layer(carry)``, or
             ``layer(carry, layer_xs)`` when ``xs`` is given. Extra arguments for every layer
             (masks, positions): close over them, ``call=lambda m, h, _: m(h, mask)``.
+        custom_vjp_residuals: ``"recompute"`` (default) or ``"save"``: whether a checkpointed
+            segment runs a ``jax.custom_vjp`` op's forward rule again in the backward pass, or keeps
+            the rule's residuals and outputs from the forward pass (:func:`jaxremat.render.remat_scan`).
 
     Returns:
         The carry after the N layers (same structure, shapes and dtypes as ``x``). The stack's
@@ -124,7 +129,8 @@ def remat_stack(
             (e.g. ``segments(s)`` with s > N), or a policy is given twice (plan and ``policy=``);
             a layer returns a carry of another shape or dtype; a layer writes a variable other
             than its RNG counters (e.g. BatchNorm running statistics: call it with
-            ``use_running_average=True``), which a scanned pure layer cannot write back.
+            ``use_running_average=True``), which a scanned pure layer cannot write back;
+            ``custom_vjp_residuals`` is not ``"recompute"`` or ``"save"``.
 
     Warns:
         RematPolicyWarning: the policy keeps nothing it names in this block (no kept
@@ -135,6 +141,7 @@ def remat_stack(
     """
     schedule, policy = resolve_plan(schedule, policy)
     jax_policy = resolve_policy(policy)
+    check_custom_vjp_residuals(custom_vjp_residuals)
     call = call or _default_call
     check_declared_shapes(stack)
     graphdef, counts, rest = nnx.split(stack, nnx.RngCount, ...)
@@ -152,7 +159,8 @@ def remat_stack(
                     ((counts, rest), (x, delta0), xs), x)
     check_plan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=policy, where="remat_stack")
     with plan_checked():
-        out, delta = remat_scan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=jax_policy)
+        out, delta = remat_scan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=jax_policy,
+                                custom_vjp_residuals=custom_vjp_residuals)
     if jax.tree.leaves(counts):
         nnx.update(stack, jax.tree.map(lambda c, d: c + d, counts, delta))
     return out
@@ -201,16 +209,23 @@ class RematStack(nnx.Module):
         layers: the stacked block (every variable with leading axis N).
         schedule: a :mod:`jaxremat.spec.schedules` value (a name is parsed at construction).
         policy: None, a ``jax.checkpoint_policies`` callable, or a policy name.
+        custom_vjp_residuals: ``"recompute"`` or ``"save"`` (see :func:`remat_stack`).
+
+    Raises:
+        ValueError: an unknown schedule name, or ``custom_vjp_residuals`` not ``"recompute"`` / ``"save"``.
     """
 
-    def __init__(self, layers: nnx.Module, schedule: Schedule | str = "none", policy: Any = None):
+    def __init__(self, layers: nnx.Module, schedule: Schedule | str = "none", policy: Any = None,
+                 custom_vjp_residuals: str = "recompute"):
         self.layers = layers
         self.schedule = resolve_schedule(schedule)
         self.policy = policy
+        self.custom_vjp_residuals = check_custom_vjp_residuals(custom_vjp_residuals)
 
     def __call__(self, x: Any, xs: Any = None) -> Any:
-        """``remat_stack(self.layers, x, self.schedule, policy=self.policy, xs=xs)``."""
-        return remat_stack(self.layers, x, self.schedule, policy=self.policy, xs=xs)
+        """``remat_stack(self.layers, x, self.schedule, policy=..., xs=xs, custom_vjp_residuals=...)``."""
+        return remat_stack(self.layers, x, self.schedule, policy=self.policy, xs=xs,
+                           custom_vjp_residuals=self.custom_vjp_residuals)
 
 
 def linen_init_stack(block: nn.Module, key: jax.Array, x: Any, n_layer: int, **init_kwargs) -> dict:
@@ -238,6 +253,7 @@ def linen_remat_stack(
     policy: Any = None,
     xs: Any = None,
     mutable: Sequence[str] | str = (),
+    custom_vjp_residuals: str = "recompute",
     **apply_kwargs,
 ) -> Any:
     """Run ``x`` through N layers of a Linen ``block`` with stacked ``variables`` under a schedule.
@@ -260,6 +276,7 @@ def linen_remat_stack(
             training mode), as in ``block.apply``. Each layer's updated collections come out once,
             from the forward pass (:func:`jaxremat.render.remat_scan` ``with_outputs``), so running
             statistics are updated once per step under every schedule.
+        custom_vjp_residuals: ``"recompute"`` (default) or ``"save"``, as in :func:`remat_stack`.
         **apply_kwargs: static keyword arguments of ``block.__call__`` (e.g. ``train=True``).
 
     Returns:
@@ -271,13 +288,15 @@ def linen_remat_stack(
         ValueError: ``variables``/``xs`` not stacked on one leading axis N (or not stacked at all:
             a leaf of the shape ``block.init`` gives one layer), an invalid schedule for N, a block
             that changes the carry's shapes or dtypes, or a block that writes a collection not in
-            ``mutable`` (the message names it and says to pass ``mutable=[...]``).
+            ``mutable`` (the message names it and says to pass ``mutable=[...]``), or
+            ``custom_vjp_residuals`` not ``"recompute"`` / ``"save"``.
 
     Warns:
         RematPolicyWarning: as :func:`remat_stack`.
     """
     schedule, policy = resolve_plan(schedule, policy)
     jax_policy = resolve_policy(policy)
+    check_custom_vjp_residuals(custom_vjp_residuals)
     mutable = [mutable] if isinstance(mutable, str) else list(mutable)
     n_layer = check_stacked(variables, "variables", LINEN_HINT)
     if xs is not None and check_stacked(xs, "xs", "give every per-layer input a leading axis N") != n_layer:
@@ -290,7 +309,7 @@ def linen_remat_stack(
                where="linen_remat_stack")
     with plan_checked():
         return remat_scan(block_fn, variables, x, schedule, xs=(layer_keys, xs), policy=jax_policy,
-                          with_outputs=bool(mutable))
+                          with_outputs=bool(mutable), custom_vjp_residuals=custom_vjp_residuals)
 
 
 def _linen_block_fn(block: nn.Module, mutable: list, apply_kwargs: dict) -> Callable:

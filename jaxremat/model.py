@@ -1,7 +1,7 @@
 """A GPT-2-style transformer in JAX, single-device model code only (nanoGPT's layout).
 
 Every function here is pure and works on the canonical parameter dict of
-:mod:`jaxremat.spec.params`: per-block tensors stacked on a leading layer axis N under ``h.*``,
+:mod:`jaxremat.models.params`: per-block tensors stacked on a leading layer axis N under ``h.*``,
 matrices stored ``(in, out)`` so a projection is ``x @ W + b``. No remat schedule is applied
 inside the block math: :func:`forward` hands the stacked blocks to
 :func:`jaxremat.render.remat_scan`, which decides what the forward pass keeps.
@@ -28,8 +28,9 @@ from jax.ad_checkpoint import checkpoint_name
 
 from .ops import batched_matmul, gelu, layer_norm, masked_softmax
 from .render import remat_scan
-from .spec.config import TransformerConfig
-from .spec.params import BLOCK_PARAM_NAMES, check_params
+from .models.config import TransformerConfig
+from .models.block import BLOCK_PARAM_NAMES
+from .models.params import check_params
 from .spec.schedules import Schedule, none
 
 __all__ = [
@@ -192,12 +193,22 @@ def _check_tokens(idx, cfg: TransformerConfig, extra: int = 0, what: str = "toke
             )
 
 
+def check_loss_tokens(tokens, cfg: TransformerConfig) -> None:
+    """Check a concrete ``(B, T+1)`` batch of :func:`loss_fn` eagerly (under ``jax.jit`` ids are traced).
+
+    Raises:
+        ValueError: a wrong rank, a sequence of ``T`` outside ``[1, max_seq_len]``, non-integer
+            ids, or ids outside ``[0, vocab_size)``.
+    """
+    _check_tokens(tokens, cfg, extra=1)
+
+
 def forward(params: dict, idx: jax.Array, cfg: TransformerConfig, schedule: Schedule = none,
             *, dropout_key=None, policy=None) -> jax.Array:
     """Logits of the whole model, the block stack run by :func:`jaxremat.render.remat_scan`.
 
     Args:
-        params: canonical dict of arrays (see :func:`jaxremat.spec.param_shapes`).
+        params: canonical dict of arrays (see :func:`jaxremat.models.param_shapes`).
         idx: (B, T) int32 token ids.
         cfg: model configuration.
         schedule: remat schedule for the block stack (default ``none``).

@@ -29,7 +29,7 @@ def to_jax_policy(policy: "str | Policy | Callable | None") -> "Callable | None"
 
     Args:
         policy: None or ``"save_nothing"`` (keep nothing inside a checkpointed segment), a name
-            accepted by :func:`jaxremat.spec.parse_policy` (MaxText aliases included), a
+            accepted by :func:`jaxremat.spec.policies.parse_policy` (MaxText aliases included), a
             :class:`~jaxremat.spec.policies.Policy`, or a callable already usable as a
             ``jax.checkpoint`` policy (returned unchanged).
 

@@ -38,6 +38,7 @@ import jax
 import jax.extend
 from jax import lax
 
+from .custom_vjp import check_custom_vjp_residuals, custom_vjp_policy, save_custom_vjp_residuals
 from .policies import to_jax_policy
 from .segment_vjp import remat_segments
 from .spec.schedules import Schedule, Segment, parse_schedule
@@ -134,6 +135,7 @@ def remat_scan(
     policy: Any = None,
     with_outputs: bool = False,
     method: str = "reverse_loop",
+    custom_vjp_residuals: str = "recompute",
 ) -> Any:
     """Run ``carry = block_fn(params[i], carry, xs[i])`` for i = 0..N-1 under a remat schedule.
 
@@ -161,6 +163,12 @@ def remat_scan(
         method: ``"reverse_loop"`` (default; compiled memory as the chain model predicts, reverse
             mode only) or ``"checkpoint"`` (``jax.checkpoint`` over scanned segments; also
             forward mode). See the module docstring.
+        custom_vjp_residuals: what a checkpointed segment does with the block's ``jax.custom_vjp``
+            ops. ``"recompute"`` (default): like any op, recomputed in the backward pass, the rule's
+            ``fwd`` running again there. ``"save"``: the outputs of each rule's ``fwd`` (its
+            residuals and its result) are kept from the forward pass, so ``fwd`` runs once per layer
+            and never in the backward pass; costs their bytes per checkpointed layer. Counts and bytes
+            measured per schedule: :mod:`jaxremat.custom_vjp`.
 
     Returns:
         The carry after the N layers; ``(carry, ys)`` with ``with_outputs=True``.
@@ -168,7 +176,10 @@ def remat_scan(
     Raises:
         ValueError: leaves of ``stacked_params``/``xs`` disagree on N, an unknown schedule name
             or ``method``, or the schedule is invalid for depth N (e.g. ``segments(s)`` with
-            ``s > N``).
+            ``s > N``), or ``custom_vjp_residuals`` is not ``"recompute"`` or ``"save"``.
+
+    Warns:
+        RematPolicyWarning: ``custom_vjp_residuals="save"`` on a block with no ``jax.custom_vjp`` op.
 
     Source: Chen et al. 2016, arXiv:1604.06174; ``jax.custom_vjp`` (``"reverse_loop"``),
     ``jax.checkpoint`` + ``jax.lax.scan`` (``"checkpoint"``).
@@ -177,6 +188,8 @@ def remat_scan(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     schedule = parse_schedule(schedule) if isinstance(schedule, str) else schedule
     jax_policy = to_jax_policy(policy)
+    if check_custom_vjp_residuals(custom_vjp_residuals) == "save":
+        block_fn, jax_policy = save_custom_vjp_residuals(block_fn), custom_vjp_policy(jax_policy)
     n_layer = stack_depth(stacked_params, xs)
     segments = schedule.segments_for(n_layer)
     if method == "reverse_loop":

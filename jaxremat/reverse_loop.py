@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 
 from .model import block_forward, block_params_of, cross_entropy, embed, head, layer_dropout_keys
-from .spec.config import TransformerConfig
-from .spec.params import BLOCK_PARAM_NAMES
+from .models.config import TransformerConfig
+from .models.block import BLOCK_PARAM_NAMES
 from .spec.schedules import Schedule
 
 __all__ = ["reverse_loop_value_and_grad"]

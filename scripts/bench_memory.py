@@ -40,8 +40,9 @@ from jax import lax
 
 from jaxremat.memory import compiled_stats
 from jaxremat.model import block_forward, block_params_of, cross_entropy, embed, head, loss_fn
-from jaxremat.spec import TransformerConfig, init_params, param_shapes, parse_schedule
-from jaxremat.spec import activation_model as am
+from jaxremat.spec import parse_schedule
+from jaxremat.models import TransformerConfig, init_params, param_shapes
+from jaxremat.models.gpt import activation as am
 from jaxremat.spec.plan import parse_plan
 
 SCHEDULES = ("none", "full", "every_k(2)", "sqrt")

@@ -1,17 +1,44 @@
 """torchref: the GPT-2-style transformer and the remat schedules in PyTorch, the reference for jaxremat.
 
-``torchref.model`` holds the single-device model; ``torchref.render`` applies a neutral schedule
-(``jaxremat.spec``) with ``torch.utils.checkpoint`` (non-reentrant); ``torchref.reverse_loop`` is the
-hand-written reverse segment loop; ``torchref.memory`` measures residual and peak bytes.
-Imports ``jaxremat.spec`` only, never JAX.
+Importable from here (``__all__`` lists every public name):
+
+* the renderer: :func:`forward_blocks` (a schedule or plan ``"SCHEDULE+POLICY"`` over your own
+  blocks, ``torch.utils.checkpoint`` non-reentrant), :func:`model_loss` (the GPT model under a
+  schedule), :class:`ForwardState` / :class:`StateWriteError` / :func:`modules_of` (forward-pass
+  state such as BatchNorm statistics updated once per step);
+* policies: :class:`SelectiveCheckpoint` (a neutral policy as a selective-checkpoint
+  ``context_fn``), :class:`SavedRecord`, :func:`activation` / :func:`current_name` (the
+  activation regions policies are keyed on), :func:`check_selective` / :func:`check_no_effect`
+  and :class:`RematPolicyWarning`;
+* models: :class:`GPT`, :class:`Block`, :func:`lm_loss`, :func:`split_tokens`;
+  :class:`Encoder`, :class:`EncoderBlock`, :func:`encoder_loss`, :func:`mean_pool`,
+  :func:`contrastive_loss` (the BERT encoder);
+  :func:`reverse_segment_loop` (the hand-written reverse segment loop of the GPT model);
+* memory tools: :class:`SavedActivationRecorder` (saved-tensor hooks), :func:`peak_step_bytes` /
+  :class:`PeakBytes` (``MemTracker`` on CPU, the CUDA counters on a GPU),
+  :class:`LiveBytesTracker` / :func:`step_peak_bytes` (lean peak of activations and temporaries),
+  :func:`block_saved` (what one block keeps, tensor by tensor).
+
+PyTorch is imported at once (this is the PyTorch package); of jaxremat only ``jaxremat.spec`` is
+imported, never JAX.
 """
 
+from .block_memory import block_saved
+from .encoder import Encoder, EncoderBlock, contrastive_loss, encoder_loss, mean_pool
+from .forward_state import ForwardState, StateWriteError, modules_of
+from .lint import RematPolicyWarning, check_no_effect, check_selective
+from .live_bytes import LiveBytesTracker, step_peak_bytes
 from .memory import PeakBytes, SavedActivationRecorder, peak_step_bytes
 from .model import GPT, Block, lm_loss, split_tokens
+from .names import activation, current_name
+from .policies import SavedRecord, SelectiveCheckpoint
 from .render import forward_blocks, model_loss
 from .reverse_loop import reverse_segment_loop
 
 __all__ = [
-    "GPT", "Block", "PeakBytes", "SavedActivationRecorder", "forward_blocks", "lm_loss", "model_loss",
-    "peak_step_bytes", "reverse_segment_loop", "split_tokens",
+    "Block", "Encoder", "EncoderBlock", "ForwardState", "GPT", "LiveBytesTracker", "PeakBytes", "RematPolicyWarning",
+    "SavedActivationRecorder", "SavedRecord", "SelectiveCheckpoint", "StateWriteError", "activation", "block_saved",
+    "check_no_effect", "check_selective", "contrastive_loss", "current_name", "encoder_loss", "forward_blocks",
+    "lm_loss", "mean_pool", "model_loss", "modules_of", "peak_step_bytes", "reverse_segment_loop",
+    "split_tokens", "step_peak_bytes",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from jaxremat.spec.config import TransformerConfig
+from jaxremat.models.config import TransformerConfig
 from jaxremat.spec.policies import Policy
 
 from .memory import SavedActivationRecorder

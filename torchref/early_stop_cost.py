@@ -29,7 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from jaxremat.spec import TransformerConfig, init_params
+from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec.plan import parse_plan
 
 from . import render

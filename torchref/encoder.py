@@ -3,7 +3,7 @@
 Single-device model code only: schedules are applied from outside by
 :func:`torchref.render.forward_blocks`, which runs the blocks bound to the batch's padding mask
 (:meth:`Encoder.bound_blocks`). Parameters live in the canonical layout of
-:func:`jaxremat.spec.encoder_params.encoder_param_shapes` (matrices ``(in, out)``), so conversion is
+:func:`jaxremat.models.bert.layout.encoder_param_shapes` (matrices ``(in, out)``), so conversion is
 a copy with no transpose.
 
 Every named activation (:data:`jaxremat.spec.names.ACTIVATION_NAMES`) is produced by exactly one
@@ -27,7 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from jaxremat.spec import Schedule, TransformerConfig, check_params, none, param_shapes
+from jaxremat.spec import Schedule, none
+from jaxremat.models import TransformerConfig, check_params, param_shapes
 
 from .model import torch_dtype
 from .names import activation

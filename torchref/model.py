@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from jaxremat.spec import TransformerConfig, check_params, param_shapes
+from jaxremat.models import TransformerConfig, check_params, param_shapes
 
 from .names import activation
 
@@ -252,7 +252,7 @@ class GPT(nn.Module):
 
         Args:
             cfg: model configuration.
-            params: canonical layout of :func:`jaxremat.spec.param_shapes` (per-block tensors stacked
+            params: canonical layout of :func:`jaxremat.models.param_shapes` (per-block tensors stacked
                 on a leading layer axis, matrices ``(in, out)``), every array in ``cfg.dtype``.
 
         Returns:
@@ -286,7 +286,7 @@ class GPT(nn.Module):
             grads: if True, convert each parameter's ``.grad`` instead of the parameter.
 
         Returns:
-            name -> C-contiguous array of :func:`jaxremat.spec.param_shapes`, in ``cfg.dtype``.
+            name -> C-contiguous array of :func:`jaxremat.models.param_shapes`, in ``cfg.dtype``.
 
         Raises:
             ValueError: ``grads=True`` and some parameter has no gradient (run a backward first).

@@ -9,7 +9,9 @@ shape-keyed policy confuses the ``(B*T, D)`` outputs of different projections).
 
 Rule for model code: a region holds exactly one op that computes (views such as ``view``,
 ``transpose``, ``t`` are free), e.g. ``torch.addmm(b, x.view(-1, D), W).view(B, T, -1)``;
-``tests/torchref/test_names.py`` checks it for every named region of the model.
+it is checked for every named region of the GPT block
+(``tests/torchref/test_policies.py::test_names_every_region_holds_one_computing_op``) and of the
+encoder block (``tests/torchref/test_encoder.py::test_encoder_block_runs_one_computing_op_per_named_region``).
 
 The names come from :data:`jaxremat.spec.names.ACTIVATION_NAMES`.
 """

@@ -187,7 +187,7 @@ class SelectiveCheckpoint:
 
     Args:
         policy: a :class:`jaxremat.spec.policies.Policy` or a name accepted by
-            :func:`jaxremat.spec.parse_policy`.
+            :func:`jaxremat.spec.policies.parse_policy`.
         record: keep a :class:`SavedRecord` for each output cached in a forward pass.
 
     Attributes:

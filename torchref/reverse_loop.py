@@ -94,7 +94,7 @@ def reverse_segment_loop(
 
     Returns:
         ``(loss, grads)``: the 0-d loss tensor (model dtype, detached) and the gradients as numpy
-        arrays in the canonical layout of :func:`jaxremat.spec.param_shapes`.
+        arrays in the canonical layout of :func:`jaxremat.models.param_shapes`.
 
     Raises:
         ValueError: bad tokens or a schedule invalid for ``n_layer``.

@@ -1,12 +1,15 @@
-"""jaxremat's neutral spec: configuration, schedules, cost model and parameter layout.
+"""jaxremat's neutral spec, the remat language: schedules, policies, plans, the cost model, activation names.
 
-Imports neither JAX nor PyTorch; both renderers and the parity harness build on it.
+Imports neither JAX nor PyTorch; both renderers and the parity harness build on it. Model configs,
+parameter layouts, initialisation and the per-tensor activation accounts live on the model side,
+:mod:`jaxremat.models`.
 """
 
-from .config import SUPPORTED_DTYPES, TransformerConfig
 from .cost import peak_units, recomputed_blocks, stored_boundaries
-from .params import BLOCK_PARAM_NAMES, check_params, init_params, param_shapes
-from .train import AdamWConfig
+from .lint import RematPolicyWarning
+from .names import ACTIVATION_NAMES, check_names
+from .plan import RematPlan, parse_plan
+from .policies import MAXTEXT_ALIASES, POLICIES, POLICY_NAMES, Policy, parse_policy
 from .schedules import (
     DEFAULT_SCHEDULES,
     SCHEDULE_NAMES,
@@ -28,8 +31,8 @@ from .schedules import (
 )
 
 __all__ = [
-    "AdamWConfig", "SUPPORTED_DTYPES", "TransformerConfig", "peak_units", "recomputed_blocks", "stored_boundaries",
-    "BLOCK_PARAM_NAMES", "check_params", "init_params", "param_shapes", "DEFAULT_SCHEDULES",
-    "SCHEDULE_NAMES", "EveryK", "Full", "Nested", "NoRemat", "nested", "Schedule", "Segment", "Segments", "Sqrt",
-    "every_k", "full", "none", "parse_schedule", "segments", "sqrt",
+    "ACTIVATION_NAMES", "DEFAULT_SCHEDULES", "MAXTEXT_ALIASES", "POLICIES", "POLICY_NAMES", "SCHEDULE_NAMES",
+    "EveryK", "Full", "Nested", "NoRemat", "Policy", "RematPlan", "RematPolicyWarning", "Schedule", "Segment",
+    "Segments", "Sqrt", "check_names", "every_k", "full", "nested", "none", "parse_plan", "parse_policy",
+    "parse_schedule", "peak_units", "recomputed_blocks", "segments", "sqrt", "stored_boundaries",
 ]

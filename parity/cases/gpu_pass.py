@@ -59,7 +59,8 @@ def _jax_case(schedule: str) -> dict:
     import jax.numpy as jnp
 
     from jaxremat.model import loss_fn
-    from jaxremat.spec import init_params, parse_schedule
+    from jaxremat.spec import parse_schedule
+    from jaxremat.models import init_params
 
     from parity.inputs.corpus import token_batch
     from parity.inputs.presets import get_preset
@@ -89,7 +90,8 @@ def _torch_cases(schedules) -> list[dict]:
     import numpy as np
     import torch
 
-    from jaxremat.spec import init_params, parse_schedule
+    from jaxremat.spec import parse_schedule
+    from jaxremat.models import init_params
     from torchref.model import GPT
     from torchref.render import model_loss
 

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxremat.spec import TransformerConfig, init_params
+from jaxremat.models import TransformerConfig, init_params
 
 from parity.cases import stress_frozen, stress_user
 from parity.cases.loop import FRAMEWORK_MODES, Callbacks, run_cases

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig, param_shapes
+from jaxremat.models import TransformerConfig, param_shapes
+from jaxremat.spec import Schedule
+
+from parity.inputs.train import AdamWConfig
 
 from parity.runners.result import RunResult
 

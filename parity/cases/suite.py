@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from jaxremat.spec import DEFAULT_SCHEDULES, AdamWConfig
+from jaxremat.models import get_model
+from jaxremat.spec import DEFAULT_SCHEDULES
 from jaxremat.spec.plan import RematPlan, parse_plan
 from jaxremat.spec.policies import POLICIES
 
@@ -23,10 +24,10 @@ from parity.cases.record import fill_case, new_case
 from parity.checks.compare import cross_check, tolerance_for
 from parity.checks.loss_terms import loss_term_scale
 from parity.checks.names import expected_names, measured_names
-from parity.checks.peer import peer_checks
 from parity.checks.predictions import attach_predictions
 from parity.checks.saving import attach_saving
 from parity.inputs.presets import ModelPreset
+from parity.inputs.train import AdamWConfig
 from parity.inputs.pretrained import preset_inputs
 from parity.report.suite_report import SCHEMA_VERSION
 from parity.runners.dispatch import run_framework
@@ -101,7 +102,7 @@ def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: Remat
     policy = plan.policy
     if policy.saves_nothing:
         return
-    if cfg.arch != "gpt":  # the per-block name measurement (block_memory) builds the GPT block only
+    if not get_model(cfg.arch).block_names_measurable:  # block_memory builds the GPT block only
         case["expected_names"] = "not measured for this architecture"
         return
     if policy.save_everything:
@@ -205,11 +206,12 @@ class _SuiteCases:
             attach_saving(case, framework, self.cfg, B, T, plan, res, ref)
 
 
-def _peer_rows(suite: SuiteConfig, cfg, params, tokens, dtype: str) -> list[dict]:
-    """The peer checks of an encoder (:func:`parity.checks.peer.peer_checks`), or one failed row on error."""
+def _peer_rows(spec, suite: SuiteConfig, cfg, params, tokens, dtype: str) -> list[dict]:
+    """The model family's peer checks (``spec.peer_checks``, e.g. :func:`parity.checks.peer.peer_checks`), or
+    one failed row on error."""
     try:
         ckpt = suite.preset.checkpoint() if suite.preset.checkpoint else None
-        return peer_checks(cfg, params, tokens, ckpt)
+        return spec.load("peer_checks")(cfg, params, tokens, ckpt)
     except Exception as exc:  # recorded as a failed check, and the suite goes on
         return [{"check": "peer", "dtype": dtype, "max_rel_err": None, "tolerance": None, "ok": False,
                  "note": f"{type(exc).__name__}: {exc}"}]
@@ -244,8 +246,9 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
         cfg, params, tokens = preset_inputs(suite.preset, dtype, suite.seed)
         cfg = cfg.replace(dropout=dropout)
         report["config"] = dataclasses.asdict(cfg)
-        if cfg.arch == "bert" and dropout == 0.0:
-            report.setdefault("peer", []).extend(_peer_rows(suite, cfg, params, tokens, dtype))
+        spec = get_model(cfg.arch)
+        if spec.peer_checks is not None and dropout == 0.0:
+            report.setdefault("peer", []).extend(_peer_rows(spec, suite, cfg, params, tokens, dtype))
         modes = [(f, m) for f, m in FRAMEWORK_MODES if _runs(suite, f, m, dropout)]
         results = run_cases(report, schedules, modes, _SuiteCases(suite, cfg, params, tokens), callbacks)
         # With dropout the two frameworks draw different masks (different RNGs): compared only without.

@@ -6,7 +6,7 @@ through the runners' one measurement path per framework (:func:`parity.runners.j
 
 * **saved bytes** -- activations kept by the forward pass for the backward pass (parameters
   excluded, also where JAX lists them among the residuals; :mod:`jaxremat.memory`), beside the
-  exact per-tensor prediction of :mod:`jaxremat.spec.activation_model`;
+  exact per-tensor prediction of :mod:`jaxremat.models.gpt.activation`;
 * **peak activation bytes** -- the step's peak less parameters, gradients and optimizer state:
   JAX, XLA's compiled buffer plan of ``jit(value_and_grad(loss_fn))`` (argument + output + temp -
   alias) minus parameters (arguments) and gradients (outputs), which leaves temp bytes plus the
@@ -35,8 +35,9 @@ import time
 
 import numpy as np
 
-from jaxremat.spec import TransformerConfig, init_params, param_shapes, peak_units
-from jaxremat.spec import activation_model as am
+from jaxremat.spec import peak_units
+from jaxremat.models import TransformerConfig, init_params, param_shapes
+from jaxremat.models.gpt import activation as am
 from jaxremat.spec.plan import RematPlan, parse_plan
 
 from parity.cases.record import overhead_range

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from jaxremat.spec import TransformerConfig, parse_schedule
+from jaxremat.models import TransformerConfig, get_model
+from jaxremat.spec import parse_schedule
 
 
 class _RecordCrossEntropy(TorchFunctionMode):
@@ -43,14 +44,8 @@ class _RecordCrossEntropy(TorchFunctionMode):
 
 
 def _loss_fn(cfg: TransformerConfig):
-    if cfg.arch == "bert":
-        from torchref.encoder import Encoder, encoder_loss
-
-        return Encoder, encoder_loss
-    from torchref.model import GPT
-    from torchref.render import model_loss
-
-    return GPT, model_loss
+    spec = get_model(cfg.arch)
+    return spec.load("torch_model"), spec.load("torch_loss")
 
 
 def loss_term_scale(cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray) -> float:

@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from jaxremat.spec import TransformerConfig
+from jaxremat.models import TransformerConfig
 
 from parity.inputs.checkpoints import canonical_to_hf, hf_config_dict
 from parity.checks.compare import tolerance_for

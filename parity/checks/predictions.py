@@ -1,5 +1,5 @@
-"""Predicted vs measured memory for every suite case (the per-layer model of
-:mod:`jaxremat.spec.activation_model` beside the runners' measurements).
+"""Predicted vs measured memory for every suite case (the per-layer model of the family's
+activation account, :mod:`jaxremat.models.gpt.activation`, beside the runners' measurements).
 
 Saved bytes are compared directly (both are counts of the same tensors). Peak *activation* bytes
 are the measured step peak less what is not an activation, as the one measurement path of each
@@ -8,12 +8,13 @@ compiled program's arguments and outputs that are parameters and their gradients
 bytes); in PyTorch MemTracker's ``PARAM``, ``BUFFER``, ``GRAD`` and ``OPT`` categories (on CUDA:
 the increase over what was allocated before the step). A gap above :data:`GAP_LIMIT` is flagged.
 
-The model covers the GPT block without dropout and without a policy; other cases get None.
+The account covers the block of a family that has one (:attr:`jaxremat.models.ModelSpec.activation_account`:
+GPT) without dropout and without a policy; other cases get None.
 """
 
 from __future__ import annotations
 
-from jaxremat.spec import activation_model as am
+from jaxremat.models import get_model
 
 from parity.runners.result import RunResult
 
@@ -36,8 +37,10 @@ def attach_predictions(case: dict, framework: str, cfg, batch: int, seq: int, pl
     """Add predicted/measured saved and peak-activation bytes, their gaps and flags to ``case``."""
     case.update(predicted_saved_bytes=None, saved_gap=None, peak_activation_bytes=None,
                 predicted_peak_activation_bytes=None, peak_gap=None, prediction_flags=[])
-    if getattr(cfg, "arch", "gpt") != "gpt" or cfg.dropout > 0 or not plan.policy.saves_nothing:
+    spec = get_model(getattr(cfg, "arch", "gpt"))
+    if spec.activation_account is None or cfg.dropout > 0 or not plan.policy.saves_nothing:
         return
+    am = spec.load("activation_account")
     try:
         saved = am.predict_saved_bytes(framework, cfg, batch, seq, plan.schedule)
         peak = am.predict_peak_activation_bytes(framework, cfg, batch, seq, plan.schedule)

@@ -20,7 +20,7 @@ Causes, in the order they are checked:
 
 from __future__ import annotations
 
-from jaxremat.spec import activation_model as am
+from jaxremat.models.gpt import activation as am
 from jaxremat.spec import parse_schedule
 
 from parity.checks.predictions import measured_peak_activation

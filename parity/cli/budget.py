@@ -6,12 +6,12 @@ or a huge ``d_model``, vocabulary or sequence length). The estimate is a lower b
 
 * **model state** per framework while one case runs: parameters, gradients, AdamW's two moments,
   the trained weights and a host copy of the gradients: 6 x P bytes (P = parameter bytes in the
-  run's dtype, :func:`jaxremat.spec.param_shapes`);
+  run's dtype, :func:`jaxremat.models.param_shapes`);
 * **kept results**: the suite keeps each case's gradients (and trained weights under ``jit`` and
   in PyTorch) until the dtype's cross-framework comparison: 1-2 x P per case;
 * **weights in host memory**: the loaded checkpoint (or initial weights), once per dtype;
 * **activations** of one step under ``none`` (the largest), from the per-layer model
-  (:func:`jaxremat.spec.activation_model.predict_peak_activation_bytes`), or the residual stream
+  (:func:`jaxremat.models.gpt.activation.predict_peak_activation_bytes`), or the residual stream
   times 16 per layer where that model does not apply.
 
 Nothing here is O(n_layer): every count comes from the stacked parameter shapes. The libraries'
@@ -26,7 +26,8 @@ import math
 
 import numpy as np
 
-from jaxremat.spec import TransformerConfig, param_shapes, parse_schedule
+from jaxremat.spec import parse_schedule
+from jaxremat.models import TransformerConfig, param_shapes
 
 from parity.report.environment import available_memory_bytes
 
@@ -50,7 +51,7 @@ def parameter_count(cfg: TransformerConfig) -> int:
 
 def activation_bytes(framework: str, cfg: TransformerConfig, batch: int, seq: int) -> int:
     """Activation bytes of one step under ``none`` (per-layer model, or 16 residual streams per layer)."""
-    from jaxremat.spec import activation_model as am
+    from jaxremat.models.gpt import activation as am
 
     try:
         return int(am.predict_peak_activation_bytes(framework, cfg.replace(dropout=0.0), batch, seq,

@@ -12,7 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxremat.spec import DEFAULT_SCHEDULES, SCHEDULE_NAMES, SUPPORTED_DTYPES
+from jaxremat.models import SUPPORTED_DTYPES, get_model, registered_models
+from jaxremat.spec import DEFAULT_SCHEDULES, SCHEDULE_NAMES
 from jaxremat.spec.policies import POLICY_NAMES
 
 from parity.cli.util import OneLineParser, ascii_int, split_list
@@ -135,8 +136,9 @@ def _suite_from_args(args):
     if args.suite == "stress" and dtypes != ("float32",):
         raise ValueError("--suite stress runs float32 parameters (its bf16 case computes in bfloat16 from them); "
                          "leave out --dtype")
-    if args.suite == "stress" and preset.config.arch != "gpt":
-        raise ValueError(f"--suite stress runs GPT presets; --model {preset.name} is arch {preset.config.arch!r}")
+    if args.suite == "stress" and not get_model(preset.config.arch).stress_suite:
+        runs = ", ".join(a for a in registered_models() if get_model(a).stress_suite)
+        raise ValueError(f"--suite stress runs {runs} presets; --model {preset.name} is arch {preset.config.arch!r}")
     modes = sum(f in frameworks for f, _ in FRAMEWORK_MODES)  # results are kept per dtype and dropout rate
     check_fits(*run_estimate(preset.config, preset.batch_size, preset.seq_len, frameworks, dtypes,
                              kept_cases=modes * (len(schedules) + 1), extra_host_bytes=file_bytes), "this run")

@@ -130,7 +130,7 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
     lines += ["", f"![memory vs depth]({plots['memory_vs_depth']})", ""]
     lines += ["## Every case: predicted vs measured", "",
               f"Gaps above {report['gap_limit']:.0%} are flagged. Saved bytes are predicted tensor by tensor "
-              "(jaxremat.spec.activation_model); peak activation bytes by the chain model in bytes. `time/none range` = "
+              "(jaxremat.models.gpt.activation); peak activation bytes by the chain model in bytes. `time/none range` = "
               "the lowest and highest ratio any pair of timed steps gives: a range that holds 1.00 is noise at these "
               "repeats.", "",
               "| framework | N | plan | saved | predicted | gap | peak act. | predicted | gap | time/none | time/none range "

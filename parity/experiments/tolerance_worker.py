@@ -69,7 +69,7 @@ def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> RunRes
 
 def jax_loss_and_grads(cfg, params, tokens, schedule, mode: str = "jit") -> RunResult:
     """The loss and gradients of :func:`parity.runners.jax_runner.run_schedule` (no training run)."""
-    from jaxremat.spec import AdamWConfig
+    from parity.inputs.train import AdamWConfig
     from parity.runners import jax_runner
 
     return jax_runner.run_schedule(cfg, params, tokens, schedule, mode=mode, hparams=AdamWConfig(steps=1),
@@ -121,7 +121,7 @@ def _bitwise(res: RunResult, ref: RunResult) -> dict:
 
 def _ynn_fusions(cfg, schedule, tokens) -> int:
     """How many YNNPACK fusions XLA made of the jitted loss+grad program (0: dots run on Eigen)."""
-    from jaxremat.spec import AdamWConfig
+    from parity.inputs.train import AdamWConfig
     from jaxremat.spec.policies import parse_policy
     from parity.runners.jax_runner import compiled_value_and_grad
 

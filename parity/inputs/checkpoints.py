@@ -5,11 +5,16 @@ optionally under a ``bert.`` prefix) and GPT-2 (``model_type: "gpt2"``, ``GPT2Mo
 optionally under ``transformer.``). Weights are read with ``safetensors`` only, never with pickle:
 a directory holding only ``pytorch_model.bin`` is refused with a message saying how to convert it.
 
-Every key of the file must map onto the canonical layout (:func:`jaxremat.spec.param_shapes`) and
+Every key of the file must map onto the canonical layout (:func:`jaxremat.models.param_shapes`) and
 every canonical entry must be found: a missing or unexpected key, or a shape that differs from the
 one ``config.json`` implies, is a ValueError naming the key and both shapes. A short list of keys
-that hold no parameter of the model is dropped on purpose, each with its reason
-(:data:`IGNORED_KEYS`). Conversion is exact: transposes, concatenation and upcasts only.
+that hold no parameter of the model is dropped on purpose, each with its reason (the family
+adapter's ``IGNORED_KEYS``). Conversion is exact: transposes, concatenation and upcasts only.
+
+The family-specific part, key names and how tensors map onto the layout, is each family's
+checkpoint adapter (:attr:`jaxremat.models.ModelSpec.checkpoint`:
+:mod:`jaxremat.models.gpt.checkpoint`, :mod:`jaxremat.models.bert.checkpoint`, protocol in
+:mod:`jaxremat.models.hf`); this module reads and checks the files.
 
 :func:`check_weights_file` checks ``model.safetensors`` against ``config.json`` from its header
 alone (no tensor is read): a file that is empty, truncated, corrupt or pickle bytes under that
@@ -25,29 +30,38 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxremat.spec import TransformerConfig, param_shapes
+from jaxremat.models import TransformerConfig, get_model, param_shapes, registered_models
 
-ARCHITECTURES = ("bert", "gpt2")
-
-IGNORED_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
-    "bert": (
-        (r"embeddings\.position_ids", "a buffer holding arange(max_position_embeddings), not a parameter"),
-        (r"pooler\.dense\.(weight|bias)", "the [CLS] pooler head; sentence embeddings here are mean-pooled"),
-        (r"cls\..*", "pre-training heads (masked LM / next sentence), not part of the encoder"),
-    ),
-    "gpt2": (
-        (r"h\.\d+\.attn\.(bias|masked_bias)", "causal-mask buffers of old GPT-2 exports, not parameters"),
-        (r"lm_head\.weight", "the output head, tied to wte (checked equal)"),
-    ),
-}
-"""Per architecture: (regex, reason) of checkpoint keys that are not model parameters."""
-
-_PREFIXES = {"bert": "bert.", "gpt2": "transformer."}
-_LAYER_KEY = {"bert": re.compile(r"encoder\.layer\.(\d+)\."), "gpt2": re.compile(r"h\.(\d+)\.")}
 _FLOAT_BYTES = {"F16": 2, "F32": 4, "F64": 8}
 """safetensors dtype codes numpy reads as floats, with their sizes (BF16 has no numpy dtype)."""
 _SHOWN = 5
 """Keys listed in one message at most (a config with the wrong depth would list thousands)."""
+
+
+def architectures() -> tuple[str, ...]:
+    """The ``model_type`` values of ``config.json`` that a registered family reads, sorted (``bert``, ``gpt2``)."""
+    return tuple(sorted(t for a in registered_models() if (t := get_model(a).hf_model_type) is not None))
+
+
+def _adapter_for_type(kind):
+    """The checkpoint adapter module of the family that reads ``model_type`` ``kind``, or None."""
+    for arch in registered_models():
+        spec = get_model(arch)
+        if spec.hf_model_type is not None and spec.hf_model_type == kind:
+            return spec.load("checkpoint")
+    return None
+
+
+def _adapter(cfg: TransformerConfig):
+    """The checkpoint adapter of ``cfg``'s family (:mod:`jaxremat.models.hf` gives its protocol).
+
+    Raises:
+        ValueError: the family reads no Hugging Face checkpoints.
+    """
+    spec = get_model(cfg.arch)
+    if spec.checkpoint is None:
+        raise ValueError(f"model family {cfg.arch!r} has no Hugging Face checkpoint mapping")
+    return spec.load("checkpoint")
 
 
 def _listed(items: list[str]) -> list[str]:
@@ -63,13 +77,6 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path} is not valid JSON: {exc}") from None
 
 
-def _same(hf: dict, names: tuple[str, ...], what: str) -> float:
-    values = {n: hf[n] for n in names if n in hf}
-    if len(set(values.values())) > 1:
-        raise ValueError(f"config.json: {what} rates differ ({values}); this model has one dropout rate")
-    return float(next(iter(values.values()), 0.0))
-
-
 def config_from_hf(hf: dict, dtype: str = "float32") -> TransformerConfig:
     """The :class:`TransformerConfig` of a Hugging Face ``config.json`` (BERT or GPT-2).
 
@@ -83,8 +90,12 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> TransformerConfig:
     """
     if not isinstance(hf, dict):
         raise ValueError(f"config.json must hold a JSON object, got {type(hf).__name__}")
+    adapter = _adapter_for_type(hf.get("model_type"))
+    if adapter is None:
+        raise ValueError(f"config.json: model_type {hf.get('model_type')!r} is not supported; "
+                         f"supported: {', '.join(architectures())}")
     try:
-        return _config_from_hf(hf, dtype)
+        return adapter.config_from_hf(hf, dtype)
     except KeyError as exc:
         raise ValueError(f"config.json: missing field {exc.args[0]!r} for model_type {hf.get('model_type')!r}") from None
 
@@ -106,80 +117,13 @@ def read_config(path, dtype: str = "float32") -> TransformerConfig:
         raise ValueError(f"{file}: {text.removeprefix('config.json: ')}") from None
 
 
-def _config_from_hf(hf: dict, dtype: str) -> TransformerConfig:
-    kind = hf.get("model_type")
-    if kind == "bert":
-        if hf.get("hidden_act", "gelu") != "gelu":
-            raise ValueError(f"config.json: hidden_act {hf['hidden_act']!r} is not supported; the encoder uses 'gelu' (erf)")
-        if hf.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"config.json: position_embedding_type {hf['position_embedding_type']!r} is not "
-                             "supported; only 'absolute'")
-        return TransformerConfig(
-            arch="bert", vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], d_model=hf["hidden_size"],
-            n_head=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
-            max_seq_len=hf["max_position_embeddings"], layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-            dropout=_same(hf, ("hidden_dropout_prob", "attention_probs_dropout_prob"), "dropout"),
-            type_vocab_size=hf.get("type_vocab_size", 2), pad_token_id=hf.get("pad_token_id", 0) or 0, dtype=dtype,
-        )
-    if kind == "gpt2":
-        act = hf.get("activation_function", "gelu_new")
-        if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"config.json: activation_function {act!r} is not supported; the GPT block uses the "
-                             "tanh GELU ('gelu_new')")
-        d = hf["n_embd"]
-        return TransformerConfig(
-            arch="gpt", vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], d_model=d, n_head=hf["n_head"],
-            d_ff=hf.get("n_inner") or 4 * d, max_seq_len=hf["n_positions"],
-            layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-            dropout=_same(hf, ("resid_pdrop", "embd_pdrop", "attn_pdrop"), "dropout"), dtype=dtype,
-        )
-    raise ValueError(f"config.json: model_type {kind!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
-
-
-def _bert_layer_keys(i: int) -> dict[str, str]:
-    p = f"encoder.layer.{i}."
-    return {
-        "q.weight": p + "attention.self.query.weight", "q.bias": p + "attention.self.query.bias",
-        "k.weight": p + "attention.self.key.weight", "k.bias": p + "attention.self.key.bias",
-        "v.weight": p + "attention.self.value.weight", "v.bias": p + "attention.self.value.bias",
-        "h.attn.c_proj.weight": p + "attention.output.dense.weight",
-        "h.attn.c_proj.bias": p + "attention.output.dense.bias",
-        "h.ln_1.weight": p + "attention.output.LayerNorm.weight", "h.ln_1.bias": p + "attention.output.LayerNorm.bias",
-        "h.mlp.c_fc.weight": p + "intermediate.dense.weight", "h.mlp.c_fc.bias": p + "intermediate.dense.bias",
-        "h.mlp.c_proj.weight": p + "output.dense.weight", "h.mlp.c_proj.bias": p + "output.dense.bias",
-        "h.ln_2.weight": p + "output.LayerNorm.weight", "h.ln_2.bias": p + "output.LayerNorm.bias",
-    }
-
-
-_BERT_EMBED = {"wte": "embeddings.word_embeddings.weight", "wpe": "embeddings.position_embeddings.weight",
-               "wtt": "embeddings.token_type_embeddings.weight", "ln_e.weight": "embeddings.LayerNorm.weight",
-               "ln_e.bias": "embeddings.LayerNorm.bias"}
-
-
 def hf_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """Key -> shape of every parameter a Hugging Face checkpoint of ``cfg`` holds (no prefix)."""
-    D, F = cfg.d_model, cfg.d_ff
-    canon = param_shapes(cfg)
-    if cfg.arch == "gpt":
-        out = {"wte.weight": canon["wte"], "wpe.weight": canon["wpe"]}
-        for i in range(cfg.n_layer):
-            out.update({f"h.{i}.{k[2:]}": s[1:] for k, s in canon.items() if k.startswith("h.")})
-        out.update({"ln_f.weight": (D,), "ln_f.bias": (D,)})
-        return out
-    out = {hf: canon[c] for c, hf in _BERT_EMBED.items()}
-    lin = {"q": (D, D), "k": (D, D), "v": (D, D), "h.attn.c_proj": (D, D), "h.mlp.c_fc": (F, D), "h.mlp.c_proj": (D, F)}
-    for i in range(cfg.n_layer):
-        for c, hf in _bert_layer_keys(i).items():
-            base, leaf = c.rsplit(".", 1)
-            if base in lin:  # nn.Linear: weight (out, in), bias (out,)
-                out[hf] = lin[base] if leaf == "weight" else (lin[base][0],)
-            else:
-                out[hf] = (D,)
-    return out
+    return _adapter(cfg).hf_shapes(cfg)
 
 
-def _ignored(arch: str, key: str) -> bool:
-    return any(re.fullmatch(pattern, key) for pattern, _ in IGNORED_KEYS[arch])
+def _ignored(adapter, key: str) -> bool:
+    return any(re.fullmatch(pattern, key) for pattern, _ in adapter.IGNORED_KEYS)
 
 
 def hf_to_canonical(cfg: TransformerConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -190,19 +134,19 @@ def hf_to_canonical(cfg: TransformerConfig, tensors: dict[str, np.ndarray]) -> d
         tensors: key -> array as stored in ``model.safetensors``.
 
     Returns:
-        canonical dict (:func:`jaxremat.spec.param_shapes`), C-contiguous arrays in ``cfg.dtype``.
+        canonical dict (:func:`jaxremat.models.param_shapes`), C-contiguous arrays in ``cfg.dtype``.
 
     Raises:
         ValueError: a missing or unexpected key, or a shape mismatch (the message names the key,
             the checkpoint's shape and the shape ``config.json`` implies); GPT-2's ``lm_head.weight``
             differing from ``wte`` (untied heads are not modelled).
     """
-    hf_arch = "gpt2" if cfg.arch == "gpt" else "bert"
-    prefix = _PREFIXES[hf_arch]
+    adapter = _adapter(cfg)
+    prefix = adapter.PREFIX
     t = {k[len(prefix):] if k.startswith(prefix) else k: np.asarray(v) for k, v in tensors.items()}
-    expected = hf_shapes(cfg)
+    expected = adapter.hf_shapes(cfg)
     missing = [k for k in expected if k not in t]
-    unexpected = [k for k in t if k not in expected and not _ignored(hf_arch, k)]
+    unexpected = [k for k in t if k not in expected and not _ignored(adapter, k)]
     if missing or unexpected:
         raise ValueError(
             "checkpoint keys do not match the model of config.json: "
@@ -212,24 +156,8 @@ def hf_to_canonical(cfg: TransformerConfig, tensors: dict[str, np.ndarray]) -> d
     for k, shape in expected.items():
         if t[k].shape != shape:
             raise ValueError(f"checkpoint key {k!r}: shape {t[k].shape} in the checkpoint, expected {shape} from config.json")
-    if "lm_head.weight" in t and not np.array_equal(t["lm_head.weight"], t["wte.weight"]):
-        raise ValueError("checkpoint key 'lm_head.weight' differs from 'wte.weight'; only tied output heads are supported")
     dt = np.dtype(cfg.dtype)
-    if cfg.arch == "gpt":
-        out = {"wte": t["wte.weight"], "wpe": t["wpe.weight"], "ln_f.weight": t["ln_f.weight"], "ln_f.bias": t["ln_f.bias"]}
-        for k in param_shapes(cfg):
-            if k.startswith("h."):
-                out[k] = np.stack([t[f"h.{i}.{k[2:]}"] for i in range(cfg.n_layer)])  # Conv1D is (in, out) already
-    else:
-        out = {c: t[hf] for c, hf in _BERT_EMBED.items()}
-        layers = [{c: t[hf] for c, hf in _bert_layer_keys(i).items()} for i in range(cfg.n_layer)]
-        for c in _bert_layer_keys(0):
-            if c.startswith("h."):
-                out[c] = np.stack([lay[c].T if c.endswith("weight") and lay[c].ndim == 2 else lay[c] for lay in layers])
-        out["h.attn.c_attn.weight"] = np.stack([np.concatenate([lay[n].T for n in ("q.weight", "k.weight", "v.weight")],
-                                                               axis=1) for lay in layers])
-        out["h.attn.c_attn.bias"] = np.stack([np.concatenate([lay[n] for n in ("q.bias", "k.bias", "v.bias")])
-                                              for lay in layers])
+    out = adapter.to_canonical(cfg, t)
     for k, v in out.items():
         if v.dtype.kind != "f" or v.dtype.itemsize > dt.itemsize:
             raise ValueError(f"checkpoint key for {k!r} holds {v.dtype}; only float arrays up to {dt} load exactly")
@@ -238,41 +166,12 @@ def hf_to_canonical(cfg: TransformerConfig, tensors: dict[str, np.ndarray]) -> d
 
 def canonical_to_hf(cfg: TransformerConfig, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inverse of :func:`hf_to_canonical`: Hugging Face keys (no prefix) -> C-contiguous arrays."""
-    if cfg.arch == "gpt":
-        out = {"wte.weight": params["wte"], "wpe.weight": params["wpe"],
-               "ln_f.weight": params["ln_f.weight"], "ln_f.bias": params["ln_f.bias"]}
-        for k in params:
-            if k.startswith("h."):
-                out.update({f"h.{i}.{k[2:]}": params[k][i] for i in range(cfg.n_layer)})
-    else:
-        D = cfg.d_model
-        out = {hf: params[c] for c, hf in _BERT_EMBED.items()}
-        for i in range(cfg.n_layer):
-            keys = _bert_layer_keys(i)
-            w, b = params["h.attn.c_attn.weight"][i], params["h.attn.c_attn.bias"][i]
-            for j, n in enumerate("qkv"):
-                out[keys[f"{n}.weight"]] = w[:, j * D:(j + 1) * D].T
-                out[keys[f"{n}.bias"]] = b[j * D:(j + 1) * D]
-            for c, hf in keys.items():
-                if c.startswith("h."):
-                    a = params[c][i]
-                    out[hf] = a.T if a.ndim == 2 else a
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+    return {k: np.ascontiguousarray(v) for k, v in _adapter(cfg).from_canonical(cfg, params).items()}
 
 
 def hf_config_dict(cfg: TransformerConfig) -> dict:
     """A minimal Hugging Face ``config.json`` dict describing ``cfg`` (BERT or GPT-2)."""
-    if cfg.arch == "bert":
-        return {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": cfg.vocab_size,
-                "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
-                "intermediate_size": cfg.d_ff, "hidden_act": "gelu", "max_position_embeddings": cfg.max_seq_len,
-                "type_vocab_size": cfg.type_vocab_size, "layer_norm_eps": cfg.layer_norm_eps,
-                "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout,
-                "pad_token_id": cfg.pad_token_id, "position_embedding_type": "absolute"}
-    return {"model_type": "gpt2", "architectures": ["GPT2Model"], "vocab_size": cfg.vocab_size, "n_embd": cfg.d_model,
-            "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.d_ff, "n_positions": cfg.max_seq_len,
-            "layer_norm_epsilon": cfg.layer_norm_eps, "activation_function": "gelu_new",
-            "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout}
+    return _adapter(cfg).hf_config(cfg)
 
 
 def save_hf_checkpoint(path, cfg: TransformerConfig, params: dict[str, np.ndarray]) -> Path:
@@ -336,17 +235,17 @@ def check_weights_file(path, cfg: TransformerConfig, dtypes=("float32",)) -> int
     """
     path = Path(path)
     weights = _weights_path(path)
-    hf_arch = "gpt2" if cfg.arch == "gpt" else "bert"
-    prefix = _PREFIXES[hf_arch]
+    adapter = _adapter(cfg)
+    prefix = adapter.PREFIX
     header = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in _header(weights).items()}
-    layers = {int(m.group(1)) for k in header if (m := _LAYER_KEY[hf_arch].match(k))}
+    layers = {int(m.group(1)) for k in header if (m := adapter.LAYER_KEY.match(k))}
     if len(layers) != cfg.n_layer or (layers and (min(layers), max(layers)) != (0, cfg.n_layer - 1)):  # not O(n_layer)
         held = f"layers {min(layers)}..{max(layers)} ({len(layers)} in all)" if layers else "no layers"
         raise ValueError(f"{path / 'config.json'} says {cfg.n_layer} layers but {weights} holds {held}; "
                          "the two files do not belong together")
     expected = hf_shapes(cfg)
     missing = [k for k in expected if k not in header]
-    unexpected = [k for k in header if k not in expected and not _ignored(hf_arch, k)]
+    unexpected = [k for k in header if k not in expected and not _ignored(adapter, k)]
     if missing or unexpected:
         raise ValueError(f"{weights}: keys do not match the model of config.json: " + "; ".join(
             _listed([f"missing key {k!r} (expected shape {expected[k]})" for k in missing])
@@ -378,7 +277,7 @@ def load_hf_checkpoint(path, dtype: str = "float32") -> tuple[TransformerConfig,
 
     Returns:
         ``(cfg, params)``: the config (its ``dropout`` is the checkpoint's rate) and the canonical
-        dict of numpy arrays (:func:`jaxremat.spec.param_shapes`).
+        dict of numpy arrays (:func:`jaxremat.models.param_shapes`).
 
     Raises:
         ValueError: the directory or a file is missing, only a pickle checkpoint is present,

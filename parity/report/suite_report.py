@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from jaxremat.models import get_model, registered_models
+
 from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
 
 from parity.checks.verdict import report_passed
@@ -239,9 +241,10 @@ def _md_table(columns, rows) -> str:
 def markdown(report: dict) -> str:
     """The report as Markdown: settings, the case table, the cross-framework table, errors."""
     cfg = report.get("config") or {}
+    pairs = cfg.get("arch") in registered_models() and get_model(cfg["arch"]).batch == "sentence_pairs"
     data = (f"{report['batch_size']} sentences ({report['batch_size'] // 2} paraphrase pairs, contrastive loss) x "
             f"{report['seq_len']} tokens of the bundled sentence set, tokenized with the checkpoint's tokenizer.json"
-            if cfg.get("arch") == "bert" else
+            if pairs else
             f"{report['batch_size']} x {report['seq_len']} byte tokens of the bundled public-domain corpus")
     parts = [
         f"# Parity report: {report['model']} ({report['suite']} suite)",

@@ -31,11 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxremat.survival import count_dots
-from jaxremat.model import _check_tokens, loss_fn
-from jaxremat.reverse_loop import reverse_loop_value_and_grad
-from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig, check_params, param_shapes
+from jaxremat.models import TransformerConfig, check_params, get_model, param_shapes
+from jaxremat.spec import Schedule
 from jaxremat.spec.policies import POLICIES, Policy, parse_policy
+from jaxremat.survival import count_dots
+from parity.inputs.train import AdamWConfig
 
 from parity.runners.jax_memory import measure_jax
 from parity.runners.result import RunResult
@@ -46,25 +46,18 @@ MODES = ("jit", "eager")
 
 
 def objective(cfg: TransformerConfig):
-    """The loss function of ``cfg``'s architecture, ``(params, tokens, cfg, schedule, key) -> loss``.
+    """The loss function of ``cfg``'s family, ``(params, tokens, cfg, schedule, key) -> loss``.
 
-    GPT: next-token cross-entropy (:func:`jaxremat.model.loss_fn`); BERT: the contrastive
-    sentence-embedding loss (:func:`jaxremat.encoder.loss_fn`).
+    Its :attr:`jaxremat.models.ModelSpec.jax_loss`: GPT next-token cross-entropy
+    (:func:`jaxremat.model.loss_fn`), BERT the contrastive sentence-embedding loss
+    (:func:`jaxremat.encoder.loss_fn`).
     """
-    if cfg.arch == "bert":
-        from jaxremat.encoder import loss_fn as encoder_loss_fn
-
-        return encoder_loss_fn
-    return loss_fn
+    return get_model(cfg.arch).load("jax_loss")
 
 
 def _reverse_loop_fn(cfg: TransformerConfig):
-    """The hand-rolled reverse segment loop of ``cfg``'s architecture."""
-    if cfg.arch == "bert":
-        from jaxremat.encoder_reverse_loop import reverse_loop_value_and_grad as encoder_reverse_loop
-
-        return encoder_reverse_loop
-    return reverse_loop_value_and_grad
+    """The hand-rolled reverse segment loop of ``cfg``'s family (:attr:`jaxremat.models.ModelSpec.jax_reverse_loop`)."""
+    return get_model(cfg.arch).load("jax_reverse_loop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +143,7 @@ def run_schedule(
 
     Args:
         cfg: model configuration.
-        params: canonical parameters (:func:`jaxremat.spec.param_shapes`, ``cfg.dtype``).
+        params: canonical parameters (:func:`jaxremat.models.param_shapes`, ``cfg.dtype``).
         tokens: ``(B, T+1)`` integer token ids; inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
         schedule: remat schedule for the blocks.
         mode: ``"jit"`` or ``"eager"`` (op by op under ``jax.disable_jit()``).
@@ -188,8 +181,9 @@ def run_schedule(
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(f"tokens must be an integer array of shape (B, T+1), got {tokens.dtype} {tokens.shape}")
-    if cfg.arch == "gpt":  # ids and length checked here: under jit they are traced
-        _check_tokens(tokens, cfg, extra=1)
+    spec = get_model(cfg.arch)
+    if spec.jax_check_batch is not None:  # ids and length checked here: under jit they are traced
+        spec.load("jax_check_batch")(tokens, cfg)
     x64 = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
     with x64:
         return _run(cfg, params, tokens, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,

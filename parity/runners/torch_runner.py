@@ -9,37 +9,36 @@ from __future__ import annotations
 
 import statistics
 import time
+
 import numpy as np
 import torch
 
-from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig
+from jaxremat.models import TransformerConfig, get_model
+from jaxremat.spec import Schedule
 from jaxremat.spec.policies import Policy, parse_policy
-from torchref.model import GPT
-from torchref.render import model_loss
-from torchref.reverse_loop import reverse_segment_loop
+from parity.inputs.train import AdamWConfig
 
 from parity.runners.result import RunResult
 from parity.runners.torch_memory import measure_torch
 
 
 def model_and_loss(cfg: TransformerConfig):
-    """Model class, loss and reverse loop of ``cfg``'s architecture (GPT: next-token; BERT: contrastive)."""
-    if cfg.arch == "bert":
-        from torchref.encoder import Encoder, encoder_loss
-        from torchref.encoder_reverse_loop import reverse_segment_loop as encoder_reverse_loop
+    """Model class, loss and reverse loop of ``cfg``'s family (GPT: next-token; BERT: contrastive).
 
-        return Encoder, encoder_loss, encoder_reverse_loop
-    return GPT, model_loss, reverse_segment_loop
+    Its :class:`jaxremat.models.ModelSpec`'s ``torch_model``, ``torch_loss`` and ``torch_reverse_loop``.
+    """
+    spec = get_model(cfg.arch)
+    return spec.load("torch_model"), spec.load("torch_loss"), spec.load("torch_reverse_loop")
 
 
-def _adamw(model: GPT, hparams: AdamWConfig) -> torch.optim.AdamW:
+def _adamw(model: torch.nn.Module, hparams: AdamWConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         model.parameters(), lr=hparams.learning_rate, betas=(hparams.b1, hparams.b2),
         eps=hparams.eps, weight_decay=hparams.weight_decay,
     )
 
 
-def _train_step(model: GPT, opt: torch.optim.Optimizer, tokens: torch.Tensor, schedule: Schedule, seed: int,
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, schedule: Schedule, seed: int,
                 policy: Policy | None = None) -> None:
     opt.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
@@ -56,7 +55,7 @@ def run_schedule(
 
     Args:
         cfg: model configuration.
-        params: canonical parameters (:func:`jaxremat.spec.param_shapes`, ``cfg.dtype``).
+        params: canonical parameters (:func:`jaxremat.models.param_shapes`, ``cfg.dtype``).
         tokens: ``(B, T+1)`` integer token ids; inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
         schedule: remat schedule for the blocks.
         hparams: AdamW hyper-parameters and number of training steps.

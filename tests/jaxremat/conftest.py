@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxremat.model import loss_fn
-from jaxremat.spec import TransformerConfig, init_params
+from jaxremat.models import TransformerConfig, init_params
 from parity.checks.compare import compare_bitwise, ulp_distance
 
 TINY = TransformerConfig(vocab_size=64, n_layer=5, d_model=16, n_head=2, d_ff=32, max_seq_len=8)

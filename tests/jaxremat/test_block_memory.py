@@ -5,8 +5,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxremat.block_memory import block_residuals
-from jaxremat.spec import TransformerConfig
-from jaxremat.spec.activation_model import jax_block_tensors
+from jaxremat.models import TransformerConfig
+from jaxremat.models.gpt.activation import jax_block_tensors
 
 
 def _check(B, T, H, hd, F, dtype):

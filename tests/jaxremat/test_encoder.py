@@ -10,7 +10,8 @@ import pytest
 
 from jaxremat import encoder
 from jaxremat.encoder_reverse_loop import reverse_loop_value_and_grad
-from jaxremat.spec import TransformerConfig, every_k, full, init_params, none, segments, sqrt
+from jaxremat.spec import every_k, full, none, segments, sqrt
+from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec.names import ACTIVATION_NAMES
 from parity.checks.compare import compare_bitwise
 

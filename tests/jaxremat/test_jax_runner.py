@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from jaxremat.memory import gpu_available
-from jaxremat.spec import AdamWConfig, TransformerConfig, init_params, none, sqrt
+from jaxremat.spec import none, sqrt
+from jaxremat.models import TransformerConfig, init_params
+from parity.inputs.train import AdamWConfig
 from parity.runners import jax_runner
 from parity.runners.result import Memory, RunResult
 

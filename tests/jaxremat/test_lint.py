@@ -17,7 +17,8 @@ from jaxremat.lint import RematPolicyWarning, check_plan
 from jaxremat.memory import saved_residuals
 from jaxremat.model import block_forward, block_params_of
 from jaxremat.render import remat_scan
-from jaxremat.spec import TransformerConfig, full, init_params, none
+from jaxremat.spec import full, none
+from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec.policies import POLICIES
 
 N, B, D = 4, 3, 8

@@ -10,7 +10,8 @@ from jaxremat.memory import (
 )
 from jaxremat.render import remat_scan
 from jaxremat.model import block_forward, block_params_of, cross_entropy, embed, head, loss_fn
-from jaxremat.spec import full, init_params, none, sqrt
+from jaxremat.spec import full, none, sqrt
+from jaxremat.models import init_params
 
 
 def test_records_describe_shape_dtype_bytes_and_arguments():
@@ -114,7 +115,7 @@ _SMALL = None
 
 def _small():
     """A 3-layer model at the default widths' ratios, small enough to compile in seconds."""
-    from jaxremat.spec import TransformerConfig
+    from jaxremat.models import TransformerConfig
 
     global _SMALL
     if _SMALL is None:
@@ -136,7 +137,7 @@ def _peak_activation(cfg, params, loss):
 def test_compiled_peak_activation_within_one_layer_of_the_prediction(name):
     """Measured: the compiled peak activation sits above the chain model by less than one layer's
     residuals at every N from 2 to 8 (docs/memory-model.md, section 3); checkpointing plans below none's."""
-    from jaxremat.spec import activation_model as am
+    from jaxremat.models.gpt import activation as am
     from jaxremat.spec import parse_schedule
 
     cfg, params, tokens = _small()

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from jaxremat.model import block_forward, embed, loss_fn
-from jaxremat.spec import TransformerConfig, init_params, parse_schedule
+from jaxremat.spec import parse_schedule
+from jaxremat.models import TransformerConfig, init_params
 
 CFG = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8, compute_dtype="bfloat16")
 

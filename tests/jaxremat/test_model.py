@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from jaxremat.model import GPT, block_forward, block_params_of, embed, forward, loss_fn
-from jaxremat.spec import full, init_params, none, sqrt
+from jaxremat.spec import full, none, sqrt
+from jaxremat.models import init_params
 
 
 def test_import_spec_and_package_do_not_import_jax():

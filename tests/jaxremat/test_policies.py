@@ -9,7 +9,7 @@ from jaxremat.block_memory import block_residuals
 from jaxremat.memory import saved_residuals
 from jaxremat.model import loss_fn
 from jaxremat.policies import to_jax_policy
-from jaxremat.spec import TransformerConfig, init_params
+from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec.plan import parse_plan
 from jaxremat.spec.policies import POLICIES
 from parity.checks.names import expected_names

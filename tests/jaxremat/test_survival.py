@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from jaxremat.model import block_forward, block_params_of, cross_entropy, embed, head, loss_fn
-from jaxremat.spec import TransformerConfig, full, init_params, none
+from jaxremat.spec import full, none
+from jaxremat.models import TransformerConfig, init_params
 from jaxremat.survival import assess, count_dots, survival_check
 
 CFG = TransformerConfig(n_layer=4, d_model=32, n_head=2, d_ff=128, max_seq_len=32)

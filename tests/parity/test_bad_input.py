@@ -11,7 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from jaxremat.spec import AdamWConfig, TransformerConfig, init_params, parse_schedule
+from jaxremat.spec import parse_schedule
+from jaxremat.models import TransformerConfig, init_params
+from parity.inputs.train import AdamWConfig
 from parity.runners import jax_runner
 from parity.cases import suite as suite_mod
 from parity.runners import torch_runner

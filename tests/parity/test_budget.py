@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxremat.spec import TransformerConfig
+from jaxremat.models import TransformerConfig
 from parity.cli.budget import check_device_fits, check_fits, parameter_count, run_estimate
 
 TINY = TransformerConfig(vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8)

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("safetensors", reason="safetensors is a dev/minilm extra: pip install -e '.[dev]'")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from jaxremat.spec import TransformerConfig, init_params  # noqa: E402
+from jaxremat.models import TransformerConfig, init_params  # noqa: E402
 from parity.inputs.checkpoints import (  # noqa: E402
     config_from_hf, hf_config_dict, hf_shapes, load_hf_checkpoint, save_hf_checkpoint,
 )

@@ -15,7 +15,7 @@ pytest.importorskip("safetensors", reason="safetensors is a dev/minilm extra: pi
 pytest.importorskip("tokenizers", reason="tokenizers is a dev/minilm extra: pip install -e '.[dev]'")
 
 import parity.inputs.pretrained  # noqa: E402
-from jaxremat.spec import TransformerConfig, init_params  # noqa: E402
+from jaxremat.models import TransformerConfig, init_params  # noqa: E402
 from parity.cli import budget  # noqa: E402
 from parity.inputs.checkpoints import save_hf_checkpoint  # noqa: E402
 from parity.cli.run import main  # noqa: E402

@@ -8,7 +8,7 @@ pytest.importorskip("safetensors", reason="safetensors is a dev/minilm extra: pi
 tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is a dev/minilm extra: pip install -e '.[dev]'")
 
 import parity.inputs.pretrained  # noqa: E402
-from jaxremat.spec import TransformerConfig, init_params  # noqa: E402
+from jaxremat.models import TransformerConfig, init_params  # noqa: E402
 from parity.inputs.checkpoints import save_hf_checkpoint  # noqa: E402
 from parity.cli.run import main  # noqa: E402
 from parity.inputs.sentences import sentence_pairs  # noqa: E402
@@ -63,7 +63,8 @@ def test_missing_minilm_package_prints_the_install_command(tmp_path, monkeypatch
 
 
 def test_jax_runner_on_the_encoder_is_bitwise_under_jit():
-    from jaxremat.spec import AdamWConfig, every_k, none
+    from jaxremat.spec import every_k, none
+    from parity.inputs.train import AdamWConfig
     from parity.runners import jax_runner
     from parity.checks.compare import compare_bitwise
 

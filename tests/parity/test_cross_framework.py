@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from jaxremat.spec import AdamWConfig, TransformerConfig, every_k, init_params
+from jaxremat.spec import every_k
+from jaxremat.models import TransformerConfig, init_params
+from parity.inputs.train import AdamWConfig
 from parity.runners import jax_runner
 from parity.runners import torch_runner
 from parity.checks.compare import cross_check, max_rel_err, tolerance_for

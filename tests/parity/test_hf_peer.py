@@ -11,7 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev extra: pip install -e '.[dev]'")
 
-from jaxremat.spec import TransformerConfig  # noqa: E402
+from jaxremat.models import TransformerConfig  # noqa: E402
 from parity.inputs.checkpoints import load_hf_checkpoint  # noqa: E402
 from parity.checks.compare import tolerance_for  # noqa: E402
 from parity.checks.peer import peer_checks  # noqa: E402

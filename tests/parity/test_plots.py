@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxremat.spec import TransformerConfig
+from jaxremat.models import TransformerConfig
 from parity.report.plots import pareto, write_plots
 from parity.cases.sweep import SweepConfig, run_sweep
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from jaxremat.spec import TransformerConfig
+from jaxremat.models import TransformerConfig
 from jaxremat.spec.policies import POLICIES
 from parity.checks.names import NOT_READ_IN_BLOCK, measured_names
 

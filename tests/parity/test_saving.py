@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from jaxremat.spec import TransformerConfig
+from jaxremat.models import TransformerConfig
 from jaxremat.spec.plan import parse_plan
 from parity.inputs.presets import get_preset
 from parity.checks.saving import STATUS, attach_saving
@@ -76,7 +76,9 @@ def test_suite_records_the_realized_saving_of_each_case():
 
 def test_jax_whole_stack_segment_measured_is_no_saving():
     """Real compiled memory: every_k(2) at N=2 recomputes the whole stack at once and saves nothing."""
-    from jaxremat.spec import AdamWConfig, init_params, parse_schedule
+    from jaxremat.spec import parse_schedule
+    from jaxremat.models import init_params
+    from parity.inputs.train import AdamWConfig
     from parity.runners import jax_runner
 
     cfg = CFG.replace(n_layer=2)

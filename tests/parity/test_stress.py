@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from jaxremat.spec import AdamWConfig, TransformerConfig, init_params, parse_schedule
+from jaxremat.spec import parse_schedule
+from jaxremat.models import TransformerConfig, init_params
+from parity.inputs.train import AdamWConfig
 from parity.cases import stress_frozen
 from parity.checks.compare import compare_bitwise
 from parity.inputs.presets import get_preset

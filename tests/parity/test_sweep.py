@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jaxremat.spec import TransformerConfig
+from jaxremat.models import TransformerConfig
 from parity.cli.run import main
 from parity.cases.sweep import SWEEP_SCHEMA_VERSION, SweepConfig, fit_slope, run_sweep
 

@@ -52,7 +52,7 @@ def test_run_setting_refuses_an_instruction_set_this_cpu_lacks(setting, monkeypa
 def test_sweep_torch_path_is_the_runners_bitwise():
     # the sweep's lean PyTorch path computes exactly what the suite's runner does
     cfg, params, tokens, _ = variant_inputs(get_preset("gpt-tiny"), "float32")
-    from jaxremat.spec import AdamWConfig
+    from parity.inputs.train import AdamWConfig
 
     full = torch_runner.run_schedule(cfg, params, tokens, parse_schedule("sqrt"), hparams=AdamWConfig(steps=1),
                                      timing_repeats=1, with_reverse_loop=False)

@@ -6,8 +6,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxremat.spec import TransformerConfig, init_params, sqrt
-from jaxremat.spec.activation_model import torch_block_tensors
+from jaxremat.spec import sqrt
+from jaxremat.models import TransformerConfig, init_params
+from jaxremat.models.gpt.activation import torch_block_tensors
 from torchref.block_memory import block_saved
 from torchref.live_bytes import step_peak_bytes
 from torchref.memory import peak_step_bytes

@@ -1,7 +1,7 @@
 """torchref.early_stop_cost: what early stop off costs, measured (the numbers docs/framework-differences.md
 section 10 quotes come from ``python -m torchref.early_stop_cost``)."""
 
-from jaxremat.spec import TransformerConfig
+from jaxremat.models import TransformerConfig
 from torchref import render
 from torchref.early_stop_cost import measure
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from jaxremat.spec import TransformerConfig, every_k, full, init_params, none, segments, sqrt
+from jaxremat.spec import every_k, full, none, segments, sqrt
+from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec.names import ACTIVATION_NAMES
 from parity.checks.compare import compare_bitwise
 from torchref.encoder import Encoder, encoder_loss

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from jaxremat.spec import TransformerConfig, full, init_params
+from jaxremat.spec import full
+from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec.plan import parse_plan
 from jaxremat.spec.policies import POLICIES
 from torchref.lint import RematPolicyWarning

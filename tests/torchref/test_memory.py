@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from jaxremat.spec import TransformerConfig, every_k, full, init_params, none, segments, sqrt
+from jaxremat.spec import every_k, full, none, segments, sqrt
+from jaxremat.models import TransformerConfig, init_params
 from torchref.memory import SavedActivationRecorder, peak_step_bytes
 from torchref.model import GPT
 from torchref.render import model_loss

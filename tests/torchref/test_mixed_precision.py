@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from jaxremat.spec import TransformerConfig, init_params, parse_schedule
+from jaxremat.spec import parse_schedule
+from jaxremat.models import TransformerConfig, init_params
 from torchref.model import GPT
 from torchref.render import model_loss
 

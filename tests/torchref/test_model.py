@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxremat.spec import TransformerConfig, init_params, param_shapes
+from jaxremat.models import TransformerConfig, init_params, param_shapes
 from torchref.model import GPT, split_tokens
 
 TINY = TransformerConfig(vocab_size=50, n_layer=3, d_model=16, n_head=2, d_ff=32, max_seq_len=8)

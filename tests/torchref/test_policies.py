@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from jaxremat.spec import TransformerConfig, init_params, parse_schedule
+from jaxremat.spec import parse_schedule
+from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec.names import ACTIVATION_NAMES
 from jaxremat.spec.plan import parse_plan
 from jaxremat.spec.policies import POLICIES, Policy

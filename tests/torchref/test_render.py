@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from jaxremat.spec import TransformerConfig, every_k, full, init_params, none, segments, sqrt
+from jaxremat.spec import every_k, full, none, segments, sqrt
+from jaxremat.models import TransformerConfig, init_params
 from torchref.model import GPT
 from torchref.render import forward_blocks, model_loss
 

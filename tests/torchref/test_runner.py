@@ -5,7 +5,9 @@ import warnings
 import numpy as np
 import pytest
 
-from jaxremat.spec import AdamWConfig, TransformerConfig, full, init_params, none
+from jaxremat.spec import full, none
+from jaxremat.models import TransformerConfig, init_params
+from parity.inputs.train import AdamWConfig
 from parity.runners.result import Memory, RunResult
 from parity.runners.torch_runner import run_schedule
 

@@ -12,14 +12,14 @@ position, ``wtt`` token type, ``ln_e`` their LayerNorm. There is no final norm a
 
 from __future__ import annotations
 
-from .block_params import block_param_shapes
+from ..block import block_param_shapes
 
 
 def encoder_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every encoder parameter, in a fixed order (embeddings, then stacked blocks).
 
     Args:
-        cfg: a :class:`jaxremat.spec.TransformerConfig` with ``arch="bert"``.
+        cfg: a :class:`jaxremat.models.TransformerConfig` with ``arch="bert"``.
     """
     D, V, T = cfg.d_model, cfg.vocab_size, cfg.max_seq_len
     return {

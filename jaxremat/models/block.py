@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 
-def block_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of the per-block tensors, stacked on a leading layer axis N; matrices ``(in, out)``.
-
-    Args:
-        cfg: a :class:`jaxremat.spec.TransformerConfig` (any ``arch``).
-    """
-    L, D, F = cfg.n_layer, cfg.d_model, cfg.d_ff
+def _block_shapes(L: int, D: int, F: int) -> dict[str, tuple[int, ...]]:
     return {
         "h.ln_1.weight": (L, D),
         "h.ln_1.bias": (L, D),
@@ -24,3 +18,16 @@ def block_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
         "h.mlp.c_proj.weight": (L, F, D),
         "h.mlp.c_proj.bias": (L, D),
     }
+
+
+def block_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the per-block tensors, stacked on a leading layer axis N; matrices ``(in, out)``.
+
+    Args:
+        cfg: a :class:`jaxremat.models.TransformerConfig` (any ``arch``).
+    """
+    return _block_shapes(cfg.n_layer, cfg.d_model, cfg.d_ff)
+
+
+BLOCK_PARAM_NAMES = tuple(_block_shapes(1, 1, 1))
+"""The names of the per-block entries, in layout order (the keys of :func:`block_param_shapes`)."""

@@ -1,11 +1,16 @@
-"""Model configuration shared by the JAX and PyTorch transformers (imports neither framework)."""
+"""Model configuration shared by the JAX and PyTorch transformers of every family (imports neither framework).
+
+``arch`` names the family; it must be registered (:mod:`jaxremat.models.registry`), so a new family
+that reuses this config needs no edit here.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
+from .registry import get_model, registered_models
+
 SUPPORTED_DTYPES = ("float32", "float64")
-ARCHS = ("gpt", "bert")
 COMPUTE_DTYPES = ("bfloat16",)
 """Lower-precision compute dtypes a float32 model may run in (mixed precision)."""
 
@@ -42,7 +47,8 @@ class TransformerConfig:
             block and the head, as Flax modules do with ``dtype``/``param_dtype``; PyTorch runs
             the forward pass under ``torch.autocast("cpu", dtype=torch.bfloat16)``. The loss is
             computed from logits in ``dtype`` and gradients come out in ``dtype``.
-        arch: ``"gpt"`` (default) or ``"bert"``, see above.
+        arch: the model family, a name registered with :func:`jaxremat.models.register_model`:
+            ``"gpt"`` (default) or ``"bert"`` built in, see above.
         type_vocab_size: number of token-type (segment) ids of the BERT embedding (``arch="bert"``).
         pad_token_id: id of the padding token; with ``arch="bert"`` positions holding it are
             masked out of attention and pooling.
@@ -66,8 +72,8 @@ class TransformerConfig:
     compute_dtype: str | None = None
 
     def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise ValueError(f"TransformerConfig.arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        if self.arch not in registered_models():
+            raise ValueError(f"TransformerConfig.arch must be one of {', '.join(registered_models())}, got {self.arch!r}")
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_ff", "max_seq_len", "type_vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -98,9 +104,11 @@ class TransformerConfig:
                     f"TransformerConfig.compute_dtype must be None or one of {', '.join(COMPUTE_DTYPES)}, "
                     f"got {self.compute_dtype!r}"
                 )
-            if self.arch != "gpt":
+            if self.compute_dtype not in get_model(self.arch).compute_dtypes:
+                mixed = [f"arch={a!r}" for a in registered_models() if self.compute_dtype in get_model(a).compute_dtypes]
                 raise ValueError(
-                    f"TransformerConfig.compute_dtype is implemented for arch='gpt' only, got arch={self.arch!r}"
+                    f"TransformerConfig.compute_dtype is implemented for {' and '.join(mixed) or 'no family'} only, "
+                    f"got arch={self.arch!r}"
                 )
             if self.dtype != "float32":
                 raise ValueError(

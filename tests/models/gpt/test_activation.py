@@ -1,9 +1,10 @@
-"""jaxremat.spec.activation_model: the per-tensor account, pure arithmetic (no JAX, no PyTorch)."""
+"""jaxremat.models.gpt.activation: the per-tensor account, pure arithmetic (no JAX, no PyTorch)."""
 
 import pytest
 
-from jaxremat.spec import TransformerConfig, full, none, parse_schedule, peak_units, sqrt
-from jaxremat.spec import activation_model as am
+from jaxremat.spec import full, none, parse_schedule, peak_units, sqrt
+from jaxremat.models import TransformerConfig
+from jaxremat.models.gpt import activation as am
 
 CFG = TransformerConfig(n_layer=8, d_model=32, n_head=2, d_ff=128, max_seq_len=32)
 

@@ -5,7 +5,7 @@ pass of one GPT block without remat (``none``), with shapes as formulas of B (ba
 (sequence), D (``d_model``), F (``d_ff``), H (``n_head``), hd (``head_dim``) and the dtype.
 It is checked *exactly* (bytes and shapes, tensor by tensor) against the measured lists,
 :func:`jaxremat.block_memory.block_residuals` and :func:`torchref.block_memory.block_saved`
-(``tests/spec/test_activation_model.py``, with hypothesis over small sizes).
+(``tests/models/gpt/test_activation.py``, with hypothesis over small sizes).
 
 Each tensor carries ``name``, the block step whose backward pass first reads it: the activation
 region (:data:`jaxremat.spec.names.ACTIVATION_NAMES`) of the op that keeps it, or None for the
@@ -33,9 +33,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .config import TransformerConfig
-from .params import param_shapes
-from .schedules import Schedule
+from ...spec.schedules import Schedule
+from ..config import TransformerConfig
 
 FRAMEWORKS = ("jax", "torch")
 _ITEMSIZE = {"float32": 4, "float64": 8, "bool": 1, "int32": 4, "int64": 8}

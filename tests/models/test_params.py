@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jaxremat.spec import TransformerConfig, check_params, init_params, param_shapes
+from jaxremat.models import TransformerConfig, check_params, init_params, param_shapes
 
 
 def test_init_params_shapes_dtypes_and_determinism():

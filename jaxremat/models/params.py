@@ -1,42 +1,43 @@
-"""The canonical parameter layout both frameworks convert to and from (numpy only).
+"""The canonical parameter layout both frameworks convert to and from, for every family (numpy only).
 
 Names follow GPT-2 / nanoGPT. Per-block tensors are stacked on a leading layer axis of size N
-(``h.*``). Matrices are stored ``(in_features, out_features)`` as GPT-2's ``Conv1D`` does, so a
-projection is ``x @ W + b``; the PyTorch side transposes to ``nn.Linear``'s ``(out, in)``.
-Transposes and copies are exact, so conversion round trips are bitwise.
+(``h.*``, :mod:`jaxremat.models.block`). Matrices are stored ``(in_features, out_features)`` as
+GPT-2's ``Conv1D`` does, so a projection is ``x @ W + b``; the PyTorch side transposes to
+``nn.Linear``'s ``(out, in)``. Transposes and copies are exact, so conversion round trips are
+bitwise. Each family's layout is its :attr:`ModelSpec.param_shapes`
+(:func:`jaxremat.models.gpt.layout.gpt_param_shapes`,
+:func:`jaxremat.models.bert.layout.encoder_param_shapes`); the functions here look it up by ``cfg.arch``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .config import TransformerConfig
-from .block_params import block_param_shapes
-from .encoder_params import encoder_param_shapes
+from .registry import get_model
 
 
-def param_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter, in a fixed order (embeddings, stacked blocks, final norm).
+def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of ``cfg``'s family, in the family's fixed order.
 
-    ``arch="bert"`` has its own embeddings and no final norm, and the same ``h.*`` block entries
-    (see :func:`jaxremat.spec.encoder_params.encoder_param_shapes`).
+    Args:
+        cfg: a :class:`jaxremat.models.TransformerConfig` (or any config with a registered ``arch``).
+
+    Raises:
+        ValueError: ``cfg.arch`` is not a registered family.
     """
-    if cfg.arch == "bert":
-        return encoder_param_shapes(cfg)
-    D, V, T = cfg.d_model, cfg.vocab_size, cfg.max_seq_len
-    return {
-        "wte": (V, D),
-        "wpe": (T, D),
-        **block_param_shapes(cfg),
-        "ln_f.weight": (D,),
-        "ln_f.bias": (D,),
-    }
+    return get_model(cfg.arch).param_shapes(cfg)
 
 
-BLOCK_PARAM_NAMES = tuple(n for n in param_shapes(TransformerConfig(n_layer=1)) if n.startswith("h."))
+def init_params(cfg, seed: int = 0, perturb: bool = True) -> dict[str, np.ndarray]:
+    """Initial parameters of ``cfg``'s family (:attr:`ModelSpec.init_params`; built in: :func:`gpt2_init`).
+
+    Raises:
+        ValueError: ``cfg.arch`` is not a registered family.
+    """
+    return get_model(cfg.arch).init_params(cfg, seed=seed, perturb=perturb)
 
 
-def init_params(cfg: TransformerConfig, seed: int = 0, perturb: bool = True) -> dict[str, np.ndarray]:
+def gpt2_init(cfg, seed: int = 0, perturb: bool = True) -> dict[str, np.ndarray]:
     """GPT-2 initialisation in numpy: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2N).
 
     Args:
@@ -64,7 +65,7 @@ def init_params(cfg: TransformerConfig, seed: int = 0, perturb: bool = True) -> 
     return out
 
 
-def check_params(cfg: TransformerConfig, params: dict[str, np.ndarray]) -> None:
+def check_params(cfg, params: dict[str, np.ndarray]) -> None:
     """Raise ValueError naming the key when a parameter is missing, unexpected or mis-shaped."""
     shapes = param_shapes(cfg)
     missing = [k for k in shapes if k not in params]

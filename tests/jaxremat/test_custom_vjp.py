@@ -1,0 +1,303 @@
+"""``jax.custom_vjp`` ops under remat: where the rule runs, what is saved, and the bits, per choice.
+
+The block is ``h + dense_gelu(h, w)``, ``dense_gelu`` a ``custom_vjp`` whose ``fwd`` keeps ``(x, w,
+x @ w)``. The first operation of its primal and of its ``fwd`` carry tags of their own, counted in
+the program of ``jax.grad`` (:func:`jaxremat.custom_vjp.count_named_runs`), N=4 layers.
+"""
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxremat.custom_vjp import CUSTOM_VJP_RESIDUAL, count_named_runs
+from jaxremat.flax import RematStack, linen_init_stack, linen_remat_stack, remat_stack
+from jaxremat.memory import saved_activation_bytes
+from jaxremat.render import remat_scan
+from jaxremat.spec.lint import RematPolicyWarning
+
+N, B, D = 4, 2, 8
+UNIT = B * D * 4  # bytes of one (B, D) float32 activation
+PRIMAL, FWD = "rule_primal", "rule_fwd"
+SCHEDULES = ["none", "full", "every_k(2)", "sqrt"]
+SLOW = pytest.mark.jaxremat_slow
+CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion and rounding are pinned here")
+
+
+def dense_gelu_op(optimize_remat: bool = False, effect: bool = False):
+    """``gelu(x @ w)`` as a ``jax.custom_vjp``; ``effect`` puts a ``jax.debug.callback`` in ``fwd``."""
+    @jax.custom_vjp
+    def dense_gelu(x, w):
+        return jax.nn.gelu(checkpoint_name(x @ w, PRIMAL))
+
+    def fwd(x, w):
+        if effect:
+            jax.debug.callback(lambda v: None, x)
+        h = checkpoint_name(x @ w, FWD)
+        return jax.nn.gelu(h), (x, w, h)
+
+    def bwd(res, g):
+        x, w, h = res
+        dh = jax.vjp(jax.nn.gelu, h)[1](g)[0]
+        return dh @ w.T, x.T @ dh
+
+    dense_gelu.defvjp(fwd, bwd, optimize_remat=optimize_remat)
+    return dense_gelu
+
+
+OPS = {key: dense_gelu_op(*key) for key in [(False, False), (True, False), (True, True)]}
+W = jax.random.normal(jax.random.key(0), (N, D, D)) * 0.3
+X = jax.random.normal(jax.random.key(1), (B, D))
+
+
+def loss(schedule, method="reverse_loop", choice="recompute", policy=None, op=(False, False), combine="add"):
+    dense_gelu = OPS[op]
+
+    def block(w, h, _):
+        return h + dense_gelu(h, w) if combine == "add" else h * dense_gelu(h, w)
+
+    return lambda w, x: jnp.sum(remat_scan(block, w, x, schedule, method=method, policy=policy,
+                                           custom_vjp_residuals=choice) ** 2)
+
+
+def runs(*case, **kw) -> dict:
+    out = count_named_runs(jax.grad(loss(*case, **kw)), W, X)
+    out.pop(CUSTOM_VJP_RESIDUAL, None)
+    return out
+
+
+@functools.cache
+def jit_grads(*case, **kw):
+    return np.asarray(jax.jit(jax.grad(loss(*case, **kw)))(W, X))
+
+
+def eager_grads(*case):
+    with jax.disable_jit():
+        return np.asarray(jax.grad(loss(*case))(W, X))
+
+
+def ulp_per_layer(a, b) -> list[int]:
+    ia, ib = (np.asarray(t).view(np.int32).astype(np.int64) for t in (a, b))
+    return [int(np.abs(ia[i] - ib[i]).max()) for i in range(N)]
+
+
+# {schedule: runs} of the rule's primal and fwd, per (method, choice)
+RUNS = {
+    ("reverse_loop", "recompute"): {"none": {FWD: 4}, "full": {PRIMAL: 4, FWD: 4}, "every_k(2)": {PRIMAL: 4, FWD: 4},
+                                    "sqrt": {PRIMAL: 2, FWD: 4}},
+    ("reverse_loop", "save"): dict.fromkeys(SCHEDULES, {FWD: 4}),
+    ("checkpoint", "recompute"): {"none": {FWD: 4}, "full": {FWD: 8}, "every_k(2)": {FWD: 8}, "sqrt": {FWD: 6}},
+    ("checkpoint", "save"): dict.fromkeys(SCHEDULES, {FWD: 4}),
+}
+
+
+@pytest.mark.parametrize("method,choice", list(RUNS))
+def test_custom_vjp_rule_runs_per_schedule_and_choice(method, choice):
+    """Recompute: the reverse loop runs the primal in the forward pass and ``fwd`` in the recompute;
+    ``jax.checkpoint`` runs ``fwd`` in both (8 for 4 layers under full). Save: ``fwd`` once per layer."""
+    assert {s: runs(s, method, choice) for s in SCHEDULES} == RUNS[method, choice]
+
+
+def test_custom_vjp_rule_runs_with_a_policy():
+    """A policy in the reverse loop is ``jax.checkpoint``'s: ``fwd`` twice per layer unless saved."""
+    assert runs("full", policy="save_dots") == {FWD: 8}
+    assert runs("full", choice="save", policy="save_dots") == {FWD: 4}
+
+
+def test_runs_counted_in_the_program_match_callbacks_at_run_time():
+    """The counts are executions: a ``jax.debug.callback`` per rule body, run under ``jit``."""
+    calls = {PRIMAL: 0, FWD: 0}
+
+    @jax.custom_vjp
+    def dense_gelu(x, w):
+        jax.debug.callback(lambda v: calls.__setitem__(PRIMAL, calls[PRIMAL] + 1), x)
+        return jax.nn.gelu(x @ w)
+
+    def fwd(x, w):
+        jax.debug.callback(lambda v: calls.__setitem__(FWD, calls[FWD] + 1), x)
+        return jax.nn.gelu(x @ w), (x, w, x @ w)
+
+    dense_gelu.defvjp(fwd, OPS[False, False].bwd)
+    for method, expected in [("reverse_loop", {PRIMAL: 4, FWD: 4}), ("checkpoint", {PRIMAL: 0, FWD: 8})]:
+        calls.update({PRIMAL: 0, FWD: 0})
+        f = lambda w, x: jnp.sum(remat_scan(lambda w, h, _: h + dense_gelu(h, w), w, x, "full", method=method) ** 2)
+        jax.block_until_ready(jax.jit(jax.grad(f))(W, X))
+        jax.effects_barrier()
+        assert calls == expected, method
+
+
+# saved activation bytes (jaxpr level), in units of one (B, D) float32 activation; none keeps 9
+BYTES = {
+    "reverse_loop": {"recompute": {"full": 5, "every_k(2)": 3, "sqrt": 5},
+                     "save": {"none": 9, "full": 13, "every_k(2)": 11, "sqrt": 9}},
+    "checkpoint": {"recompute": {"full": 5, "every_k(2)": 3, "sqrt": 6},
+                   "save": {"none": 9, "full": 9, "every_k(2)": 11, "sqrt": 10}},
+}
+
+
+@pytest.mark.parametrize("method", list(BYTES))
+def test_saved_bytes_per_choice_beside_none(method):
+    """Save keeps the rule's ``x @ w`` and output per checkpointed layer, beside each segment's boundary."""
+    none = saved_activation_bytes(loss("none", method), W, X)
+    assert none == 9 * UNIT
+    for choice, per_schedule in BYTES[method].items():
+        got = {s: saved_activation_bytes(loss(s, method, choice), W, X) // UNIT for s in per_schedule}
+        assert got == per_schedule, choice
+
+
+@functools.cache
+def eager_none(method):
+    return eager_grads("none", method, "recompute")
+
+
+@pytest.mark.parametrize("method,schedule", [
+    pytest.param(m, s, marks=() if (m, s) == ("reverse_loop", "every_k(2)") else SLOW, id=f"{m}-{s}")
+    for m in ("reverse_loop", "checkpoint") for s in SCHEDULES[1:]])
+def test_every_choice_bitwise_with_none_op_by_op(method, schedule):
+    for choice in ("recompute", "save"):
+        assert ulp_per_layer(eager_grads(schedule, method, choice), eager_none(method)) == [0] * N, choice
+
+
+@pytest.mark.parametrize("method", ["reverse_loop", pytest.param("checkpoint", marks=SLOW)])
+def test_recompute_bitwise_with_none_under_jit_and_save_at_full(method):
+    ref = jit_grads("none", method)
+    for schedule in SCHEDULES:
+        assert ulp_per_layer(jit_grads(schedule, method), ref) == [0] * N, schedule
+    assert ulp_per_layer(jit_grads("full", method, "save"), ref) == [0] * N
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("method,schedule,recomputed_inputs", [
+    ("reverse_loop", "every_k(2)", {1, 3}), pytest.param("reverse_loop", "sqrt", {1}, marks=SLOW),
+    pytest.param("checkpoint", "every_k(2)", {1, 3}, marks=SLOW), pytest.param("checkpoint", "sqrt", {1}, marks=SLOW)])
+def test_save_under_jit_rounds_apart_where_a_saved_output_meets_a_fused_add(method, schedule, recomputed_inputs):
+    """Under ``jit`` XLA:CPU computes ``h + gelu(x @ w)`` as one fused multiply-add (the gelu's last
+    product and the residual add, rounded once); a saved gelu output is rounded on its own, so a
+    layer input recomputed from it (the 2nd layer of a segment) is a few ULP off the forward's, and
+    so is that layer's weight gradient. The same block with ``h * gelu(...)`` is bitwise."""
+    save, none = jit_grads(schedule, method, "save"), jit_grads("none", method)
+    ulp = ulp_per_layer(save, none)
+    differing = {i for i, u in enumerate(ulp) if u}
+    assert differing and differing <= recomputed_inputs and max(ulp) <= 16, ulp
+    assert all(np.abs(save[i] - none[i]).max() < 1e-7 * np.abs(none[i]).max() for i in range(N))
+    mul_ulp = ulp_per_layer(jit_grads(schedule, method, "save", combine="mul"),
+                            jit_grads("none", method, combine="mul"))
+    assert mul_ulp == [0] * N, mul_ulp
+
+
+@CPU_ONLY
+def test_forward_residual_add_is_one_fused_multiply_add_on_xla_cpu():
+    """The cause above, shown directly: the scanned forward's next carry equals ``fma(h, j, c)``
+    (``gelu(h) = h * j``) and not ``c + round(h * j)`` in some entries."""
+    def body(c, w):
+        h = c @ w
+        j = 0.5 * (1 + jnp.tanh(0.7978845834732056 * (h + 0.044714998453855515 * h ** 3)))
+        return c + jax.nn.gelu(h), (c, h, j, jax.nn.gelu(h))
+
+    last, (c, h, j, out) = jax.tree.map(np.asarray, jax.jit(lambda w, x: jax.lax.scan(body, x, w))(W, X))
+    nxt = np.concatenate([c[1:], last[None]])
+    fma = (h.astype(np.float64) * j + c).astype(np.float32)
+    assert np.array_equal(out, (h * j).astype(np.float32))
+    assert np.array_equal(nxt, fma)
+    assert not np.array_equal(nxt, c + out)
+
+
+def test_optimize_remat_runs_the_primal_in_the_checkpoints_forward_pass():
+    """``optimize_remat=True``: ``jax.checkpoint`` runs the primal in the forward pass, then ``fwd`` in
+    the recompute (bytes unchanged); the reverse loop without a policy is unchanged (it runs the primal
+    already); with ``save_dots`` the op's product is then no longer a saved dot."""
+    opt = (True, False)
+    assert runs("full", "checkpoint", op=opt) == {PRIMAL: 4, FWD: 4}
+    assert runs("every_k(2)", "checkpoint", op=opt) == {PRIMAL: 4, FWD: 4}
+    assert runs("full", op=opt) == runs("full") == {PRIMAL: 4, FWD: 4}
+    assert runs("full", policy="save_dots", op=opt) == {PRIMAL: 4, FWD: 4}
+    assert saved_activation_bytes(loss("full", "checkpoint", op=opt), W, X) == 5 * UNIT
+    assert saved_activation_bytes(loss("full", policy="save_dots", op=opt), W, X) == 5 * UNIT
+    assert runs("full", "checkpoint", "save", op=opt) == {FWD: 4}
+    assert ulp_per_layer(jit_grads("full", "checkpoint", op=opt), jit_grads("none", "checkpoint")) == [0] * N
+
+
+def test_optimize_remat_with_an_effect_in_fwd_is_not_recomputed_and_saves_more_than_none():
+    """With a ``jax.debug.callback`` in ``fwd`` (how one would count calls), JAX keeps the rule's
+    ``fwd`` in the forward pass: it never runs again, and ``every_k(2)`` keeps more than ``none``."""
+    eff = (True, True)
+    assert runs("full", "checkpoint", op=eff) == {FWD: 4}
+    assert saved_activation_bytes(loss("every_k(2)", "checkpoint", op=eff), W, X) == 11 * UNIT
+    assert saved_activation_bytes(loss("none", "checkpoint", op=eff), W, X) == 9 * UNIT
+
+
+@pytest.mark.parametrize("bad", ["keep", "Save", None, True])
+def test_custom_vjp_residuals_bad_value_is_one_clear_error(bad):
+    with pytest.raises(ValueError, match="custom_vjp_residuals must be 'recompute' .* or 'save'"):
+        remat_scan(lambda w, h, _: h, W, X, "full", custom_vjp_residuals=bad)
+    with pytest.raises(ValueError, match="custom_vjp_residuals must be"):
+        RematStack(nnx.Linear(D, D, rngs=nnx.Rngs(0)), "full", custom_vjp_residuals=bad)
+
+
+def test_save_on_a_block_without_custom_vjp_warns():
+    with pytest.warns(RematPolicyWarning, match="holds no jax.custom_vjp op"):
+        jax.grad(lambda w: remat_scan(lambda w, h, _: jnp.tanh(h @ w), w, X, "full",
+                                      custom_vjp_residuals="save").sum())(W)
+
+
+def test_save_tags_rules_inside_jit_and_scan_of_the_block():
+    """A rule under ``jax.jit`` or a ``lax.scan`` inside the layer is found and saved as well."""
+    op = OPS[False, False]
+    inner = jax.jit(op)
+
+    def block(w, h, _):
+        h = h + inner(h, w)
+        return jax.lax.scan(lambda c, _: (c + op(c, w), None), h, None, length=1)[0]
+
+    f = lambda w, x: jnp.sum(remat_scan(block, w, x, "full", custom_vjp_residuals="save") ** 2)
+    got = count_named_runs(jax.grad(f), W, X)
+    assert got[FWD] == 2 * N and PRIMAL not in got
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = jax.jit(jax.grad(f))(W, X)
+    assert np.isfinite(np.asarray(g)).all()
+
+
+class _DenseGelu(nnx.Module):
+    def __init__(self, rngs):
+        self.w = nnx.Param(jax.random.normal(rngs.params(), (D, D)) * 0.3)
+
+    def __call__(self, h):
+        return h + OPS[False, False](h, self.w[...])
+
+
+def test_nnx_remat_stack_and_linen_pass_the_choice_on():
+    @nnx.split_rngs(splits=N)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def build(rngs):
+        return _DenseGelu(rngs)
+
+    stack = build(nnx.Rngs(0))
+
+    def nnx_loss(choice, schedule="full"):
+        return lambda x: jnp.sum(remat_stack(stack, x, schedule, custom_vjp_residuals=choice) ** 2)
+
+    assert count_named_runs(jax.grad(nnx_loss("recompute")), X) == {PRIMAL: 4, FWD: 4}
+    got = count_named_runs(jax.grad(nnx_loss("save")), X)
+    assert got.get(FWD) == 4 and PRIMAL not in got
+    module = RematStack(stack, "full", custom_vjp_residuals="save")
+    g_save = jax.jit(jax.grad(lambda x: jnp.sum(module(x) ** 2)))(X)
+    g_none = jax.jit(jax.grad(nnx_loss("recompute", "none")))(X)
+    assert np.array_equal(np.asarray(g_save).view(np.int32), np.asarray(g_none).view(np.int32))
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            w = self.param("w", lambda k: jax.random.normal(k, (D, D)) * 0.3)
+            return h + OPS[False, False](h, w)
+
+    variables = linen_init_stack(Block(), jax.random.key(0), X, N)
+    lin = lambda choice: lambda v: jnp.sum(linen_remat_stack(Block(), v, X, "full", custom_vjp_residuals=choice) ** 2)
+    assert count_named_runs(jax.grad(lin("save")), variables).get(FWD) == 4
+    assert count_named_runs(jax.grad(lin("recompute")), variables).get(PRIMAL) == 4
