@@ -11,6 +11,12 @@ from parity.runners import torch_runner
 from parity.checks.compare import cross_check, max_rel_err, tolerance_for
 from parity.inputs.corpus import token_batch
 from parity.checks.loss_terms import loss_term_scale
+from parity.runners.result import RunResult
+
+
+def _result(loss, grads) -> RunResult:
+    """A runner result with only what a cross-framework row reads: the loss and the gradients."""
+    return RunResult(loss=np.asarray(loss), grads=grads, trained=None, mode="jit")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -74,8 +80,8 @@ def test_suite_cross_row_fields_and_report_columns():
     from parity.cases.suite import _cross
 
     g = {"w": np.ones((2, 3), np.float32)}
-    row = _cross("sqrt", "float32", {"loss": np.float32(0.02), "grads": g},
-                 {"loss": np.float32(0.02) + np.float32(5e-7), "grads": g}, 33.1)
+    row = _cross("sqrt", "float32", _result(np.float32(0.02), g),
+                 _result(np.float32(0.02) + np.float32(5e-7), g), 33.1)
     assert row["ok"] and row["error"] is None and row["loss_term_scale"] == 33.1
     assert row["tolerance"] == tolerance_for("float32").bound
     assert row["tolerance_loss"] == tolerance_for("float32", "loss").bound
@@ -88,7 +94,7 @@ def test_suite_cross_row_fields_and_report_columns():
     old = {"schedule": "none", "dtype": "float32", "max_rel_err_loss": 1e-6, "max_rel_err_grads": 2e-6,
            "tolerance": 1e-5, "ok": True}
     assert cross_row(old)[2:4] == ["1.00e-06 (rel)", "1.00e-05"]
-    missing = _cross("none", "float32", None, {"loss": 1.0, "grads": g}, 1.0)
+    missing = _cross("none", "float32", None, _result(1.0, g), 1.0)
     assert not missing["ok"] and "did not complete" in missing["error"]
-    no_scale = _cross("none", "float32", {"loss": 1.0, "grads": g}, {"loss": 1.0, "grads": g}, None, "scale: boom")
+    no_scale = _cross("none", "float32", _result(1.0, g), _result(1.0, g), None, "scale: boom")
     assert not no_scale["ok"] and no_scale["error"] == "scale: boom"
