@@ -9,6 +9,8 @@ counters:
 * PyTorch: ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats()``,
   in-process, the peak reset between cases.
 
+Both frameworks measure through the runners' one path (:func:`parity.runners.jax_memory.measure_jax`,
+:func:`parity.runners.torch_memory.measure_torch`), which also gives each case's saved bytes.
 Each number is written with its source (:func:`peak_source`). Without a GPU the pass exits 2 and
 says so; it never reports a silent 0 (``torch.cuda.max_memory_allocated`` returns 0 on CPU).
 ``gpu_pass.json`` and ``gpu_pass.md`` are written atomically, the JSON strict (:mod:`parity.report.files`).
@@ -45,7 +47,14 @@ def peak_source(framework: str, backend: str) -> str:
 
 
 def _jax_case(schedule: str) -> dict:
-    """One JAX case in this process (called in a subprocess): device peak of one loss+grad step."""
+    """One JAX case in this process (called in a subprocess): device peak of one loss+grad step.
+
+    Measured by :func:`parity.runners.jax_memory.measure_jax`, whose device step runs first, before
+    anything else touches the device (the allocator's high-water mark cannot be reset).
+
+    Raises:
+        RuntimeError: JAX's default backend is not a GPU.
+    """
     import jax
     import jax.numpy as jnp
 
@@ -55,21 +64,29 @@ def _jax_case(schedule: str) -> dict:
 
     from parity.inputs.corpus import token_batch
     from parity.inputs.presets import get_preset
+    from parity.runners.jax_memory import measure_jax
 
     preset = get_preset("gpt-small")
     cfg, sched = preset.config, parse_schedule(schedule)
     params = {k: jnp.asarray(v) for k, v in init_params(cfg).items()}
     tokens = jnp.asarray(token_batch(preset.batch_size, preset.seq_len), dtype=jnp.int32)
-    dev = jax.devices()[0]
-    before = int(dev.memory_stats()["bytes_in_use"])
-    step = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, tokens, cfg, sched)))
-    jax.block_until_ready(step(params))
-    peak = int(dev.memory_stats()["peak_bytes_in_use"])
+
+    def loss(p):
+        return loss_fn(p, tokens, cfg, sched)
+
+    step = jax.jit(jax.value_and_grad(loss))
+    memory = measure_jax(loss, params, device_step=lambda: step(params))
+    if memory.device_peak is None:
+        raise RuntimeError(f"JAX runs on {jax.default_backend()!r}, not a GPU: install a CUDA jaxlib")
+    peak, before = int(memory.device_peak["peak_bytes"]), int(memory.device_peak["bytes_in_use_before"])
     return {"framework": "jax", "schedule": schedule, "peak_bytes": peak, "bytes_before": before,
-            "step_peak_bytes": peak - before, "source": peak_source("jax", jax.default_backend())}
+            "step_peak_bytes": peak - before, "saved_bytes": memory.saved_bytes,
+            "offloaded_bytes": memory.offloaded_bytes, "source": peak_source("jax", jax.default_backend())}
 
 
 def _torch_cases(schedules) -> list[dict]:
+    """Every PyTorch case in this process, measured by :func:`parity.runners.torch_memory.measure_torch`
+    (a CUDA model: the peak is ``torch.cuda.max_memory_allocated`` after a reset, per case)."""
     import numpy as np
     import torch
 
@@ -80,21 +97,22 @@ def _torch_cases(schedules) -> list[dict]:
 
     from parity.inputs.corpus import token_batch
     from parity.inputs.presets import get_preset
+    from parity.runners.torch_memory import measure_torch
 
     preset = get_preset("gpt-small")
     cfg = preset.config
     tokens = torch.from_numpy(np.asarray(token_batch(preset.batch_size, preset.seq_len), dtype=np.int64)).cuda()
     out = []
     for schedule in schedules:
-        model = GPT.from_params(cfg, init_params(cfg)).cuda()
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        model_loss(model, tokens, parse_schedule(schedule)).backward()
-        torch.cuda.synchronize()
-        peak = int(torch.cuda.max_memory_allocated())
-        out.append({"framework": "torch", "schedule": schedule, "peak_bytes": peak, "bytes_before": int(before),
-                    "step_peak_bytes": peak - int(before), "source": peak_source("torch", "cuda")})
+        model, sched = GPT.from_params(cfg, init_params(cfg)).cuda(), parse_schedule(schedule)
+        memory = measure_torch(
+            lambda sac, on_input: model_loss(model, tokens, sched, policy=sac, on_checkpoint_input=on_input),
+            lambda: model_loss(model, tokens, sched).backward(),
+            exclude=[*model.parameters(), *model.buffers()], tracked=(model,))
+        out.append({"framework": "torch", "schedule": schedule, "peak_bytes": memory.peak_bytes,
+                    "bytes_before": int(memory.peak_breakdown["allocated_before"]),
+                    "step_peak_bytes": memory.peak_activation_bytes, "saved_bytes": memory.saved_bytes,
+                    "offloaded_bytes": memory.offloaded_bytes, "source": peak_source("torch", "cuda")})
         del model
     return out
 

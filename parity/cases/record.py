@@ -14,6 +14,7 @@ from jaxremat.spec import parse_schedule, peak_units, recomputed_blocks
 from jaxremat.spec.plan import RematPlan
 
 from parity.checks.compare import compare_bitwise
+from parity.runners.result import RunResult
 
 
 def new_case(framework: str, mode: str, name: str, plan: RematPlan, cfg, model: str) -> dict:
@@ -36,20 +37,28 @@ def new_case(framework: str, mode: str, name: str, plan: RematPlan, cfg, model: 
         "loss": None, "loss_bitwise_equal": None, "grads_bitwise_equal": None, "weights_bitwise_equal": None,
         "reverse_loop_bitwise_equal": None, "max_ulp": None, "max_abs_diff": None,
         "weights_max_ulp": None, "mismatched": [],
-        "residual_bytes": None, "residual_ratio": None, "peak_bytes": None, "peak_ratio": None,
+        "saved_bytes": None, "saved_ratio": None, "peak_bytes": None, "peak_ratio": None,
         "peak_source": None, "predicted_peak_units": peak_units(n, schedule, plan.policy),
         "predicted_unit_ratio": peak_units(n, schedule, plan.policy) / peak_units(n, parse_schedule("none")),
         "recomputed_blocks": recomputed_blocks(n, schedule, plan.policy),
         "step_time_s": None, "step_times_s": None, "time_overhead": None, "time_overhead_range": None,
     }
-def fill_case(case: dict, res: dict, ref: dict) -> None:
-    loss_cmp = compare_bitwise({"loss": res["loss"]}, {"loss": ref["loss"]})
-    grads_cmp = compare_bitwise(res["grads"], ref["grads"])
-    trained = res["trained"] is not None and ref["trained"] is not None
-    weights_cmp = compare_bitwise(res["trained"], ref["trained"]) if trained else None
-    timed = res["step_time_s"] is not None and ref["step_time_s"] is not None
+def fill_case(case: dict, res: RunResult, ref: RunResult) -> None:
+    """Compare ``res`` with the reference ``ref`` byte for byte and copy its measurements into ``case``.
+
+    Sets the bitwise checks (loss, gradients, trained weights when both trained, the reverse loop's
+    gradients against ``res``'s own), ``max_ulp``, the saved, offloaded and peak bytes and their
+    ratios to ``ref``'s, the step time and its ratio, and ``status`` (``pass`` when every check holds,
+    ``names_ok`` included when set, else ``fail``).
+    """
+    loss_cmp = compare_bitwise({"loss": res.loss}, {"loss": ref.loss})
+    grads_cmp = compare_bitwise(res.grads, ref.grads)
+    trained = res.trained is not None and ref.trained is not None
+    weights_cmp = compare_bitwise(res.trained, ref.trained) if trained else None
+    timed = res.step_time_s is not None and ref.step_time_s is not None
+    mem, ref_mem = res.memory, ref.memory
     case.update(
-        loss=float(res["loss"]),
+        loss=float(res.loss),
         loss_bitwise_equal=loss_cmp.equal,
         grads_bitwise_equal=grads_cmp.equal,
         weights_bitwise_equal=weights_cmp.equal if trained else None,
@@ -57,14 +66,14 @@ def fill_case(case: dict, res: dict, ref: dict) -> None:
         max_abs_diff=max(loss_cmp.max_abs_diff, grads_cmp.max_abs_diff),
         weights_max_ulp=weights_cmp.max_ulp if trained else None,
         mismatched=sorted(set(loss_cmp.mismatched + grads_cmp.mismatched + loss_cmp.nonfinite + grads_cmp.nonfinite)),
-        residual_bytes=int(res["residual_bytes"]),
-        offloaded_bytes=int(res.get("offloaded_bytes") or 0),
-        residual_ratio=res["residual_bytes"] / ref["residual_bytes"] if ref["residual_bytes"] else None,
-        peak_bytes=int(res["peak_bytes"]),
-        peak_ratio=res["peak_bytes"] / ref["peak_bytes"] if ref["peak_bytes"] else None,
-        peak_source=res.get("peak_source"),
-        step_time_s=float(res["step_time_s"]) if timed else None,
-        time_overhead=res["step_time_s"] / ref["step_time_s"] if timed and ref["step_time_s"] else None,
+        saved_bytes=int(mem.saved_bytes),
+        offloaded_bytes=int(mem.offloaded_bytes or 0),
+        saved_ratio=mem.saved_bytes / ref_mem.saved_bytes if ref_mem.saved_bytes else None,
+        peak_bytes=int(mem.peak_bytes),
+        peak_ratio=mem.peak_bytes / ref_mem.peak_bytes if ref_mem.peak_bytes else None,
+        peak_source=mem.peak_source,
+        step_time_s=float(res.step_time_s) if timed else None,
+        time_overhead=res.step_time_s / ref.step_time_s if timed and ref.step_time_s else None,
     )
     if timed:
         case["step_times_s"] = _times(res)
@@ -72,20 +81,20 @@ def fill_case(case: dict, res: dict, ref: dict) -> None:
     checks = [case["loss_bitwise_equal"], case["grads_bitwise_equal"]] + ([weights_cmp.equal] if trained else [])
     if case.get("names_ok") is not None:
         checks.append(case["names_ok"])
-    if res.get("reverse_loop_grads") is not None:
-        rl = compare_bitwise(res["reverse_loop_grads"], res["grads"])
+    if res.reverse_loop_grads is not None:
+        rl = compare_bitwise(res.reverse_loop_grads, res.grads)
         case["reverse_loop_bitwise_equal"] = rl.equal
         case["reverse_loop_max_ulp"] = rl.max_ulp
         checks.append(rl.equal)
     case["status"] = "pass" if all(checks) else "fail"
 
 
-def _times(res: dict) -> list[float]:
-    """The timed steps behind ``res["step_time_s"]`` (seconds): the runner's list when its median is
+def _times(res: RunResult) -> list[float]:
+    """The timed steps behind ``res.step_time_s`` (seconds): the runner's list when its median is
     that number, else the median alone (a result whose time was taken from another run)."""
-    times = res.get("step_times_s")
-    if not times or statistics.median(times) != res["step_time_s"]:
-        return [float(res["step_time_s"])]
+    times = res.step_times_s
+    if not times or statistics.median(times) != res.step_time_s:
+        return [float(res.step_time_s)]
     return [float(t) for t in times]
 
 

@@ -37,6 +37,7 @@ from parity.checks.compare import compare_bitwise, max_rel_err, tolerance_for
 from parity.inputs.corpus import token_batch
 from parity.report.suite_report import SCHEMA_VERSION
 from parity.runners.dispatch import run_framework
+from parity.runners.result import RunResult
 
 DROPOUT_RATES = (0.1, 0.5)
 NOISE = 0.1
@@ -51,8 +52,8 @@ def _user_stack(variant: str, base: UserStack) -> UserStack:
     return dataclasses.replace(base, dropout=p, noise=NOISE)
 
 
-def _run(variant, framework, mode, plan, suite, cfg, params, tokens, base: UserStack) -> dict:
-    """One run of ``variant``: dict with loss, grads, trained (and state / extra checks)."""
+def _run(variant, framework, mode, plan, suite, cfg, params, tokens, base: UserStack) -> RunResult:
+    """One run of ``variant``: loss, grads, trained (and state / the frozen check; memory for ``bf16``)."""
     if variant == "bf16":
         bf = cfg.replace(compute_dtype="bfloat16")
         return run_framework(framework, mode, bf, params, tokens, plan, suite,
@@ -77,31 +78,31 @@ def _bitwise(case: dict, what: str, a: dict, b: dict) -> bool:
     return r.equal
 
 
-def _fill(case: dict, variant: str, cfg, params, res: dict, ref: dict, steps: int) -> None:
+def _fill(case: dict, variant: str, cfg, params, res: RunResult, ref: RunResult, steps: int) -> None:
     """Every check of one variant's case; ``status`` is pass when all hold."""
     if variant == "bf16":
         fill_case(case, res, ref)
         return
-    checks = [_bitwise(case, "loss", {"loss": res["loss"]}, {"loss": ref["loss"]})]
-    case["loss"] = float(res["loss"])
-    grads, ref_grads = res["grads"], ref["grads"]
+    checks = [_bitwise(case, "loss", {"loss": res.loss}, {"loss": ref.loss})]
+    case["loss"] = float(res.loss)
+    grads, ref_grads = res.grads, ref.grads
     if variant == "frozen":
         grads, ref_grads = split_trainable(cfg, grads), split_trainable(cfg, ref_grads)
         zero = [k for k, g in grads.items() if not np.any(g)]
-        frozen_g = frozen_entries(cfg, res["grads"])
-        frozen_w = compare_bitwise(frozen_entries(cfg, res["trained"]), frozen_entries(cfg, params))
+        frozen_g = frozen_entries(cfg, res.grads)
+        frozen_w = compare_bitwise(frozen_entries(cfg, res.trained), frozen_entries(cfg, params))
         case["trainable_grads_nonzero"] = not zero
         case["frozen_grads_zero"] = all(not np.any(g) for g in frozen_g.values())
         case["frozen_weights_unchanged"] = frozen_w.equal
-        if res.get("frozen_grads_none") is not None:
-            case["frozen_grads_none"] = res["frozen_grads_none"]
-            checks.append(res["frozen_grads_none"])
+        if res.frozen_grads_none is not None:
+            case["frozen_grads_none"] = res.frozen_grads_none
+            checks.append(res.frozen_grads_none)
         checks += [not zero, case["frozen_grads_zero"], frozen_w.equal]
     checks.append(_bitwise(case, "grads", grads, ref_grads))
-    checks.append(_bitwise(case, "weights", res["trained"], ref["trained"]))
-    if res.get("state"):
-        checks.append(_bitwise(case, "state", res["state"], ref["state"]))
-        counts = [res["state"][k] for k in ("count", "num_batches_tracked") if k in res["state"]]
+    checks.append(_bitwise(case, "weights", res.trained, ref.trained))
+    if res.state:
+        checks.append(_bitwise(case, "state", res.state, ref.state))
+        counts = [res.state[k] for k in ("count", "num_batches_tracked") if k in res.state]
         case["state_counts"] = sorted({int(c) for arr in counts for c in np.ravel(arr)})
         case["state_counted_once"] = case["state_counts"] == [steps]
         checks.append(case["state_counted_once"])
@@ -117,10 +118,10 @@ def _cross(variant: str, name: str, jax_res, torch_res, cfg) -> dict:
     if jax_res is None or torch_res is None:
         out["error"] = "a framework's case did not complete; nothing to compare"
         return out
-    ga, gb = jax_res["grads"], torch_res["grads"]
+    ga, gb = jax_res.grads, torch_res.grads
     if variant == "frozen":
         ga, gb = split_trainable(cfg, ga), split_trainable(cfg, gb)
-    out["max_rel_err_loss"] = max_rel_err({"loss": jax_res["loss"]}, {"loss": torch_res["loss"]})
+    out["max_rel_err_loss"] = max_rel_err({"loss": jax_res.loss}, {"loss": torch_res.loss})
     out["max_rel_err_grads"] = max_rel_err(ga, gb)
     out["ok"] = out["max_rel_err_loss"] <= tol.max_rel_err and out["max_rel_err_grads"] <= tol.max_rel_err
     return out
@@ -159,7 +160,7 @@ class _StressCases:
 
     def check(self, case, framework, mode, plan, res, ref, again):
         if again is not None:
-            res = {**again, "step_time_s": res.get("step_time_s"), "step_times_s": res.get("step_times_s")}
+            res = dataclasses.replace(again, step_time_s=res.step_time_s, step_times_s=res.step_times_s)
         _fill(case, self.variant, self.cfg, self.params, res, ref, self.base.steps)
 
 

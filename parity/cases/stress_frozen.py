@@ -23,6 +23,8 @@ from jaxremat.spec import Schedule
 
 from parity.inputs.train import AdamWConfig
 
+from parity.runners.result import RunResult
+
 
 def frozen_layers(cfg: TransformerConfig) -> int:
     """How many leading blocks are frozen: the first half, ``n_layer // 2``."""
@@ -67,8 +69,14 @@ def frozen_entries(cfg: TransformerConfig, full: dict[str, np.ndarray]) -> dict[
     return out
 
 
-def run_jax(cfg, params, tokens, schedule: Schedule, *, mode: str, hparams: AdamWConfig) -> dict:
-    """Loss, full gradients (zero where frozen) and trained weights of the frozen GPT in JAX."""
+def run_jax(cfg, params, tokens, schedule: Schedule, *, mode: str, hparams: AdamWConfig) -> RunResult:
+    """Loss, full gradients (zero where frozen) and trained weights of the frozen GPT in JAX.
+
+    Returns:
+        :class:`parity.runners.result.RunResult` with ``loss``, ``grads``, ``trained`` and ``mode``
+        (``memory`` None: not measured; ``frozen_grads_none`` None: JAX has no None gradient,
+        frozen entries are checked for zero).
+    """
     import jax
     import jax.numpy as jnp
     import optax
@@ -98,18 +106,23 @@ def run_jax(cfg, params, tokens, schedule: Schedule, *, mode: str, hparams: Adam
         p = {k: jnp.asarray(v) for k, v in params.items()}
         toks = jnp.asarray(tokens, jnp.int32)
         loss, grads = vg(p, toks)
-        out = {"loss": np.asarray(loss), "grads": {k: np.asarray(v) for k, v in grads.items()}}
+        loss, grads = np.asarray(loss), {k: np.asarray(v) for k, v in grads.items()}
         state = tx.init(p)
         for _ in range(hparams.steps):
             _, g = vg(p, toks)
             p, state = update(g, state, p)
-        out["trained"] = {k: np.asarray(v) for k, v in p.items()}
-    out["frozen_grads_none"] = None  # JAX has no None gradient: frozen entries are checked for zero
-    return out
+        trained = {k: np.asarray(v) for k, v in p.items()}
+    return RunResult(loss=loss, grads=grads, trained=trained, mode=mode)
 
 
-def run_torch(cfg, params, tokens, schedule: Schedule, *, hparams: AdamWConfig) -> dict:
-    """Loss, gradients and trained weights of the frozen GPT in PyTorch (``requires_grad_(False)``)."""
+def run_torch(cfg, params, tokens, schedule: Schedule, *, hparams: AdamWConfig) -> RunResult:
+    """Loss, gradients and trained weights of the frozen GPT in PyTorch (``requires_grad_(False)``).
+
+    Returns:
+        :class:`parity.runners.result.RunResult` with ``loss``, ``grads`` (zeros where frozen),
+        ``trained``, ``mode`` (``"eager"``) and ``frozen_grads_none`` (every frozen parameter got
+        no ``.grad``); ``memory`` None: not measured.
+    """
     import torch
 
     from torchref.model import GPT
@@ -133,8 +146,8 @@ def run_torch(cfg, params, tokens, schedule: Schedule, *, hparams: AdamWConfig) 
         rows = [np.zeros(t.shape[::-1] if transpose else t.shape, np.dtype(cfg.dtype)) if t.grad is None
                 else (t.grad.t() if transpose else t.grad).numpy() for t in tensors]
         grads[name] = np.stack(rows) if name.startswith("h.") else rows[0]
-    out = {"loss": loss.detach().numpy().copy(), "grads": grads,
-           "frozen_grads_none": all(p.grad is None for p in frozen) and bool(frozen)}
+    loss_np = loss.detach().numpy().copy()
+    frozen_grads_none = all(p.grad is None for p in frozen) and bool(frozen)
     model = build()
     opt = torch.optim.AdamW(model.parameters(), lr=hparams.learning_rate, betas=(hparams.b1, hparams.b2),
                             eps=hparams.eps, weight_decay=hparams.weight_decay)
@@ -142,8 +155,8 @@ def run_torch(cfg, params, tokens, schedule: Schedule, *, hparams: AdamWConfig) 
         opt.zero_grad(set_to_none=True)
         model_loss(model, toks, schedule).backward()
         opt.step()
-    out["trained"] = model.to_params()
-    return out
+    return RunResult(loss=loss_np, grads=grads, trained=model.to_params(), mode="eager",
+                     frozen_grads_none=frozen_grads_none)
 
 
 def _null():

@@ -27,6 +27,8 @@ import numpy as np
 
 from jaxremat.spec import Schedule
 
+from parity.runners.result import RunResult
+
 
 @dataclasses.dataclass(frozen=True)
 class UserStack:
@@ -72,8 +74,14 @@ class UserStack:
 
 
 # --------------------------------------------------------------------------------------------- JAX
-def run_jax(stack: UserStack, schedule: Schedule, *, jit: bool) -> dict:
-    """Train the stack in JAX under ``schedule`` (``jit`` or op by op); see the module docstring."""
+def run_jax(stack: UserStack, schedule: Schedule, *, jit: bool) -> RunResult:
+    """Train the stack in JAX under ``schedule`` (``jit`` or op by op); see the module docstring.
+
+    Returns:
+        :class:`parity.runners.result.RunResult`: the first step's ``loss`` and ``grads``, the
+        ``trained`` weights, ``mode`` and ``state`` (``running_mean``, ``running_var``, ``count``:
+        (N, D), (N, D), (N,) float32; ``{}`` without running statistics); ``memory`` None.
+    """
     import jax
     import jax.numpy as jnp
 
@@ -91,11 +99,11 @@ def run_jax(stack: UserStack, schedule: Schedule, *, jit: bool) -> dict:
             if i == 0:
                 out["loss"], out["grads"] = np.asarray(loss_val), {k: np.asarray(v) for k, v in grads.items()}
             params = sgd(params, grads)
-    out["trained"] = {k: np.asarray(v) for k, v in params.items()}
-    out["state"] = {} if stats is None else {
+    state = {} if stats is None else {
         "running_mean": np.asarray(stats["batch_stats"]["mean"]), "running_var": np.asarray(stats["batch_stats"]["var"]),
         "count": np.asarray(stats["count"])}
-    return out
+    return RunResult(loss=out["loss"], grads=out["grads"], trained={k: np.asarray(v) for k, v in params.items()},
+                     mode="jit" if jit else "eager", state=state)
 
 
 @functools.lru_cache(maxsize=32)
@@ -181,8 +189,13 @@ def _torch_block_class():
     return UserBlock
 
 
-def run_torch(stack: UserStack, schedule: Schedule) -> dict:
-    """Train the stack in PyTorch under ``schedule``; see the module docstring."""
+def run_torch(stack: UserStack, schedule: Schedule) -> RunResult:
+    """Train the stack in PyTorch under ``schedule``; see the module docstring.
+
+    Returns:
+        :class:`parity.runners.result.RunResult` as :func:`run_jax`'s, ``mode`` ``"eager"``; its
+        ``state`` adds ``num_batches_tracked`` (N,) int64 (BatchNorm's own counter).
+    """
     import torch
 
     from torchref.render import forward_blocks
@@ -207,13 +220,13 @@ def run_torch(stack: UserStack, schedule: Schedule) -> dict:
         if i == 0:
             out["loss"], out["grads"] = loss.detach().numpy().copy(), _canonical(blocks, stack, grads=True)
         opt.step()
-    out["trained"] = _canonical(blocks, stack, grads=False)
-    out["state"] = {} if not stack.running_stats else {
+    state = {} if not stack.running_stats else {
         "running_mean": np.stack([b.bn.running_mean.numpy() for b in blocks]),
         "running_var": np.stack([b.bn.running_var.numpy() for b in blocks]),
         "count": np.stack([b.count.numpy() for b in blocks]),
         "num_batches_tracked": np.stack([b.bn.num_batches_tracked.numpy() for b in blocks])}
-    return out
+    return RunResult(loss=out["loss"], grads=out["grads"], trained=_canonical(blocks, stack, grads=False),
+                     mode="eager", state=state)
 
 
 def _canonical(blocks, stack: UserStack, *, grads: bool) -> dict[str, np.ndarray]:

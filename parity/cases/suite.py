@@ -31,6 +31,7 @@ from parity.inputs.train import AdamWConfig
 from parity.inputs.pretrained import preset_inputs
 from parity.report.suite_report import SCHEMA_VERSION
 from parity.runners.dispatch import run_framework
+from parity.runners.result import RunResult
 
 QUICK_PLANS = DEFAULT_SCHEDULES
 """The quick suite (the default): the segment schedules."""
@@ -91,7 +92,7 @@ class SuiteConfig:
         return out
 
 
-def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: RematPlan, res: dict, ref: dict,
+def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: RematPlan, res: RunResult, ref: RunResult,
                 cache: dict) -> None:
     """Record what one checkpointed block keeps under the plan's policy and whether it is as declared.
 
@@ -105,7 +106,7 @@ def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: Remat
         case["expected_names"] = "not measured for this architecture"
         return
     if policy.save_everything:
-        case["names_ok"] = res["residual_bytes"] == ref["residual_bytes"]
+        case["names_ok"] = res.memory.saved_bytes == ref.memory.saved_bytes
         case["expected_names"] = "the same saved bytes as none"
         return
     key = (framework, cfg, policy)
@@ -117,7 +118,7 @@ def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: Remat
     case["names_ok"] = measured["kept"] == expected["kept"] and measured["offloaded"] == expected["offloaded"]
 
 
-def _cross(schedule: str, dtype: str, a: dict | None, b: dict | None, term_scale: float | None,
+def _cross(schedule: str, dtype: str, a: RunResult | None, b: RunResult | None, term_scale: float | None,
            scale_error: str | None = None) -> dict:
     """JAX (``a``) against PyTorch (``b``) on one schedule: :func:`parity.checks.compare.cross_check`'s fields.
 
@@ -136,7 +137,7 @@ def _cross(schedule: str, dtype: str, a: dict | None, b: dict | None, term_scale
     if term_scale is None:
         out["error"] = scale_error or "the loss's term scale could not be computed; nothing to compare"
         return out
-    out.update(cross_check(a["loss"], b["loss"], a["grads"], b["grads"], term_scale, dtype))
+    out.update(cross_check(a.loss, b.loss, a.grads, b.grads, term_scale, dtype))
     return out
 
 
@@ -196,7 +197,7 @@ class _SuiteCases:
     def check(self, case, framework, mode, plan, res, ref, again):
         B, T = self.suite.preset.batch_size, self.suite.preset.seq_len
         if again is not None:
-            fill_case(case, {**again, "step_time_s": res["step_time_s"], "step_times_s": res.get("step_times_s")}, ref)
+            fill_case(case, dataclasses.replace(again, step_time_s=res.step_time_s, step_times_s=res.step_times_s), ref)
         else:
             _check_kept(case, framework, self.cfg, self.suite, plan, res, ref, self.names_cache)
             fill_case(case, res, ref)

@@ -1,6 +1,8 @@
 """Depth sweep: activation memory and step time against depth, per schedule, in both frameworks.
 
-``python -m parity sweep`` measures, for each depth N and each remat plan, in JAX and PyTorch:
+``python -m parity sweep`` measures, for each depth N and each remat plan, in JAX and PyTorch,
+through the runners' one measurement path per framework (:func:`parity.runners.jax_memory.measure_jax`,
+:func:`parity.runners.torch_memory.measure_torch`):
 
 * **saved bytes** -- activations kept by the forward pass for the backward pass (parameters
   excluded, also where JAX lists them among the residuals; :mod:`jaxremat.memory`), beside the
@@ -48,6 +50,9 @@ FRONTIER_PLANS = ("none", "full", "sqrt", "nested", "every_k(2)", "full+save_dot
 SWEEP_CONFIG = TransformerConfig(n_layer=4, d_model=32, n_head=2, d_ff=128, max_seq_len=32, vocab_size=256)
 GAP_LIMIT = 0.10
 """Predicted vs measured gaps above this fraction of the measurement are flagged."""
+SWEEP_SCHEMA_VERSION = 2
+"""sweep.json schema: 2 measures through the runners' one path per framework and adds ``peak_activation_source``
+and ``offloaded_bytes`` from it (docs/report-schema.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,14 +123,28 @@ def _timed(fn, repeats: int) -> dict:
     return {"step_time_s": float(statistics.median(times)), "step_times_s": [float(t) for t in times]}
 
 
+def _memory_fields(memory) -> dict:
+    """A sweep case's memory fields from the one measurement path's :class:`parity.runners.result.Memory`."""
+    return {"saved_bytes": memory.saved_bytes, "offloaded_bytes": memory.offloaded_bytes,
+            "peak_bytes": memory.peak_bytes, "peak_activation_bytes": memory.peak_activation_bytes,
+            "peak_source": memory.peak_source, "peak_activation_source": memory.peak_activation_source}
+
+
 def measure_jax(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, repeats: int) -> dict:
-    """Saved, peak-activation bytes and step time of ``jit(value_and_grad(loss_fn))`` in JAX."""
+    """Saved, peak-activation bytes and step time of ``jit(value_and_grad(loss_fn))`` in JAX.
+
+    The memory is :func:`parity.runners.jax_memory.measure_jax`'s (no device peak: in one sweep
+    process the allocator's high-water mark spans every case; device peaks come from
+    ``python -m parity.cases.gpu_pass``, a fresh process per case).
+    """
     import jax
     import jax.numpy as jnp
 
-    from jaxremat.memory import compiled_stats, gpu_available, saved_residuals
+    from jaxremat.memory import gpu_available
     from jaxremat.model import loss_fn
     from jaxremat.survival import count_dots
+
+    from parity.runners.jax_memory import measure_jax as measure_jax_memory
 
     params = {k: jnp.asarray(v) for k, v in init_params(cfg).items()}
     tok = jnp.asarray(tokens, dtype=jnp.int32)
@@ -134,43 +153,34 @@ def measure_jax(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, rep
     def loss(p, t):
         return loss_fn(p, t, cfg, plan.schedule, policy=policy)
 
-    records = saved_residuals(lambda p: loss(p, tok), params)
-    acts = [r for r in records if not r.is_argument]
     lowered = jax.jit(jax.value_and_grad(loss)).lower(params, tok)
     compiled = lowered.compile()
-    stats = compiled_stats(compiled)
-    out = {
-        "saved_bytes": sum(r.bytes for r in acts if r.memory == "device"),
-        "offloaded_bytes": sum(r.bytes for r in acts if r.memory == "host"),
-        "peak_bytes": stats["peak_bytes"],
-        "peak_activation_bytes": stats["peak_bytes"] - 2 * _param_bytes(cfg),
-        "peak_source": f"{stats['source']}, less parameters (arguments) and gradients (outputs)",
-        "compiled": {k: v for k, v in stats.items() if k != "source"},
-        **_timed(lambda: jax.block_until_ready(compiled(params, tok)), repeats),
-    }
+    memory = measure_jax_memory(lambda p: loss(p, tok), params, compiled)
+    out = {**_memory_fields(memory), "compiled": dict(memory.peak_breakdown),
+           **_timed(lambda: jax.block_until_ready(compiled(params, tok)), repeats)}
     out["dots_before"] = count_dots(lowered.as_text(), optimized=False)
     out["dots_after"] = count_dots(compiled.as_text(), optimized=True)
     if gpu_available():
-        out["peak_source"] += "; device peaks: python -m parity.cases.gpu_pass"
+        out["peak_activation_source"] += "; device peaks: python -m parity.cases.gpu_pass"
     return out
 
 
 def measure_torch(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, repeats: int) -> dict:
-    """Saved, peak-activation bytes and step time of one forward+backward step in PyTorch."""
+    """Saved, peak-activation bytes and step time of one forward+backward step in PyTorch.
+
+    The memory is :func:`parity.runners.torch_memory.measure_torch`'s with the ``live_bytes``
+    counter on CPU (MemTracker's cost grows with depth; the counts agree).
+    """
     import torch
 
-    from torchref.live_bytes import step_peak_bytes
-    from torchref.memory import SavedActivationRecorder, peak_step_bytes
     from torchref.model import GPT
     from torchref.render import model_loss
+
+    from parity.runners.torch_memory import measure_torch as measure_torch_memory
 
     model = GPT.from_params(cfg, init_params(cfg))
     tok = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
     policy = None if plan.policy.saves_nothing else plan.policy
-    recorder = SavedActivationRecorder(exclude=[*model.parameters(), *model.buffers()])
-    with recorder:
-        loss = model_loss(model, tok, plan.schedule, policy=policy, on_checkpoint_input=recorder.record_boundary)
-    del loss
 
     def step():
         model.zero_grad(set_to_none=False)  # gradients stay allocated: constant, subtracted below
@@ -178,21 +188,11 @@ def measure_torch(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, r
 
     step()  # allocates the gradients
     fixed = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters())]
-    if next(model.parameters()).is_cuda:
-        peak = peak_step_bytes(step, model)  # reset, then torch.cuda.max_memory_allocated
-        act = peak.breakdown["step_increase"]
-        source = f"{peak.source} less memory allocated before the step (parameters, gradients)"
-    else:
-        act = step_peak_bytes(step, fixed)
-        source = "torchref.live_bytes (storages allocated during the step; = MemTracker less PARAM, GRAD, OPT)"
-    return {
-        "saved_bytes": int(recorder.total_bytes),
-        "offloaded_bytes": 0,
-        "peak_bytes": int(act + sum(t.untyped_storage().nbytes() for t in fixed)),
-        "peak_activation_bytes": int(act),
-        "peak_source": source,
-        **_timed(step, repeats),
-    }
+    memory = measure_torch_memory(
+        lambda sac, on_input: model_loss(model, tok, plan.schedule, policy=sac, on_checkpoint_input=on_input),
+        step, exclude=[*model.parameters(), *model.buffers()], tracked=(model,), policy=policy,
+        counter="live_bytes", fixed=fixed)
+    return {**_memory_fields(memory), **_timed(step, repeats)}
 
 
 def _predictions(framework: str, cfg, B: int, T: int, plan: RematPlan) -> dict:
@@ -357,7 +357,7 @@ def run_sweep(sweep: SweepConfig, on_case=None) -> dict:
     _attach_survival(cases)
     depth_cases = [c for c in cases if c["in_depth_sweep"]]
     return {
-        "schema": 1, "config": dataclasses.asdict(sweep.config), "batch_size": B, "seq_len": T,
+        "schema": SWEEP_SCHEMA_VERSION, "config": dataclasses.asdict(sweep.config), "batch_size": B, "seq_len": T,
         "depths": list(sweep.depths), "plans": list(sweep.plans), "frameworks": list(sweep.frameworks),
         "frontier_depth": sweep.frontier_depth, "gap_limit": GAP_LIMIT,
         "cases": cases, "slopes": slopes(depth_cases, sweep.depths),

@@ -2,10 +2,11 @@
 activation account, :mod:`jaxremat.models.gpt.activation`, beside the runners' measurements).
 
 Saved bytes are compared directly (both are counts of the same tensors). Peak *activation* bytes
-are the measured step peak less what is not an activation: in JAX the compiled program's
-arguments and outputs that are parameters and their gradients (2 x parameter bytes); in PyTorch
-MemTracker's ``PARAM``, ``BUFFER``, ``GRAD`` and ``OPT`` categories (on CUDA: the increase over
-what was allocated before the step). A gap above :data:`GAP_LIMIT` is flagged.
+are the measured step peak less what is not an activation, as the one measurement path of each
+framework computes them (:attr:`parity.runners.result.Memory.peak_activation_bytes`): in JAX the
+compiled program's arguments and outputs that are parameters and their gradients (2 x parameter
+bytes); in PyTorch MemTracker's ``PARAM``, ``BUFFER``, ``GRAD`` and ``OPT`` categories (on CUDA:
+the increase over what was allocated before the step). A gap above :data:`GAP_LIMIT` is flagged.
 
 The account covers the block of a family that has one (:attr:`jaxremat.models.ModelSpec.activation_account`:
 GPT) without dropout and without a policy; other cases get None.
@@ -13,12 +14,11 @@ GPT) without dropout and without a policy; other cases get None.
 
 from __future__ import annotations
 
-import math
+from jaxremat.models import get_model
 
-from jaxremat.models import get_model, param_shapes
+from parity.runners.result import RunResult
 
 GAP_LIMIT = 0.10
-_NOT_ACTIVATION = ("PARAM", "BUFFER", "GRAD", "OPT")
 
 
 def _gap(predicted, measured):
@@ -27,21 +27,13 @@ def _gap(predicted, measured):
     return (predicted - measured) / measured
 
 
-def measured_peak_activation(framework: str, cfg, res: dict) -> int | None:
-    """The measured step peak less parameters, gradients and optimizer state (see module docstring)."""
-    breakdown = res.get("peak_breakdown") or {}
-    if framework == "jax":
-        itemsize = 8 if cfg.dtype == "float64" else 4
-        param_bytes = sum(math.prod(s) for s in param_shapes(cfg).values()) * itemsize
-        return int(res["peak_bytes"]) - 2 * param_bytes
-    if "step_increase" in breakdown:
-        return int(breakdown["step_increase"])
-    if not breakdown:
-        return None
-    return int(res["peak_bytes"]) - sum(int(v) for k, v in breakdown.items() if k in _NOT_ACTIVATION)
+def measured_peak_activation(res: RunResult) -> int | None:
+    """The measured step peak less parameters, gradients and optimizer state
+    (:attr:`parity.runners.result.Memory.peak_activation_bytes`); None where not measured."""
+    return res.memory.peak_activation_bytes if res.memory is not None else None
 
 
-def attach_predictions(case: dict, framework: str, cfg, batch: int, seq: int, plan, res: dict) -> None:
+def attach_predictions(case: dict, framework: str, cfg, batch: int, seq: int, plan, res: RunResult) -> None:
     """Add predicted/measured saved and peak-activation bytes, their gaps and flags to ``case``."""
     case.update(predicted_saved_bytes=None, saved_gap=None, peak_activation_bytes=None,
                 predicted_peak_activation_bytes=None, peak_gap=None, prediction_flags=[])
@@ -54,8 +46,8 @@ def attach_predictions(case: dict, framework: str, cfg, batch: int, seq: int, pl
         peak = am.predict_peak_activation_bytes(framework, cfg, batch, seq, plan.schedule)
     except ValueError:  # a configuration the per-layer model does not cover
         return
-    measured_peak = measured_peak_activation(framework, cfg, res)
-    case.update(predicted_saved_bytes=saved, saved_gap=_gap(saved, res["residual_bytes"]),
+    measured_peak = measured_peak_activation(res)
+    case.update(predicted_saved_bytes=saved, saved_gap=_gap(saved, res.memory.saved_bytes),
                 peak_activation_bytes=measured_peak, predicted_peak_activation_bytes=peak,
                 peak_gap=_gap(peak, measured_peak))
     case["prediction_flags"] = [f"{what} predicted {g:+.0%} off the measurement" for what, g in

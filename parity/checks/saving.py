@@ -24,19 +24,13 @@ from jaxremat.models.gpt import activation as am
 from jaxremat.spec import parse_schedule
 
 from parity.checks.predictions import measured_peak_activation
+from parity.runners.result import RunResult
 
 MIN_PROMISED = 0.01
 """A plan promises a saving when its saved residual bytes are at least this fraction below ``none``'s."""
 
 STATUS = "no_saving"
 """The status of a case whose plan promises a saving that its measured peak does not realize."""
-
-
-def _peak_activation(framework: str, cfg, res: dict) -> int | None:
-    try:
-        return measured_peak_activation(framework, cfg, res)
-    except (KeyError, ValueError, TypeError):  # a configuration without a known parameter layout
-        return None
 
 
 def _predicted_ratio(framework: str, cfg, batch: int, seq: int, plan) -> float | None:
@@ -50,11 +44,11 @@ def _predicted_ratio(framework: str, cfg, batch: int, seq: int, plan) -> float |
     return pred / ref if ref else None
 
 
-def _cause(framework: str, res: dict, ref: dict, predicted_ratio: float | None, n_layer: int, name: str) -> str:
+def _cause(framework: str, res: RunResult, ref: RunResult, predicted_ratio: float | None, n_layer: int, name: str) -> str:
     if predicted_ratio is not None and predicted_ratio >= 1.0:
         return (f"the schedule predicts no saving at N={n_layer}: its largest recomputed segment is as large as "
                 f"the stack (chain-model peak {predicted_ratio:.2f} x none's); use more, shorter segments")
-    dots, dots_ref = res.get("dots_compiled"), ref.get("dots_compiled")
+    dots, dots_ref = res.dots_compiled, ref.dots_compiled
     if framework == "jax" and dots is not None and dots_ref is not None and dots <= dots_ref:
         return (f"XLA removed the recompute: the compiled program has {dots} matrix products, as many as "
                 f"without remat ({dots_ref}); run the stack through jaxremat.render.remat_scan")
@@ -63,25 +57,26 @@ def _cause(framework: str, res: dict, ref: dict, predicted_ratio: float | None, 
     return f"the recompute is in the program, but {what}"
 
 
-def attach_saving(case: dict, framework: str, cfg, batch: int, seq: int, plan, res: dict, ref: dict) -> None:
+def attach_saving(case: dict, framework: str, cfg, batch: int, seq: int, plan, res: RunResult, ref: RunResult) -> None:
     """Add ``case["saving"]`` and turn a passing case whose promised saving is not realized into ``no_saving``.
 
     Args:
-        case: the suite's case dict (``residual_bytes``, ``peak_bytes``, ``status`` filled in).
+        case: the suite's case dict (``saved_bytes``, ``peak_bytes``, ``status`` filled in).
         framework: ``"jax"`` or ``"torch"``.
         cfg: the case's model configuration.
         batch, seq: the case's batch size and sequence length (for the chain-model prediction).
         plan: the case's :class:`jaxremat.spec.plan.RematPlan`.
         res, ref: the runner results of this plan and of ``none`` (same framework, mode, dtype).
 
-    ``case["saving"]``: ``promised`` (bool), ``residual_ratio`` (saved bytes over none's),
+    ``case["saving"]``: ``promised`` (bool), ``saved_ratio`` (saved bytes over none's),
     ``peak_activation_ratio`` (measured peak activation over none's, None where unmeasured),
     ``predicted_peak_activation_ratio`` (the chain model's, None where it does not apply),
     ``realized`` (bool or None) and ``cause`` (one line, None when realized or not promised).
     """
-    saved, saved_ref = res.get("residual_bytes"), ref.get("residual_bytes")
+    saved = res.memory.saved_bytes if res.memory is not None else None
+    saved_ref = ref.memory.saved_bytes if ref.memory is not None else None
     promised = bool(saved_ref) and saved is not None and saved <= (1.0 - MIN_PROMISED) * saved_ref
-    act, act_ref = _peak_activation(framework, cfg, res), _peak_activation(framework, cfg, ref)
+    act, act_ref = measured_peak_activation(res), measured_peak_activation(ref)
     ratio = act / act_ref if act is not None and act_ref else None
     predicted = _predicted_ratio(framework, cfg, batch, seq, plan)
     realized = None if not promised or ratio is None else ratio < 1.0
@@ -90,6 +85,6 @@ def attach_saving(case: dict, framework: str, cfg, batch: int, seq: int, plan, r
         cause = _cause(framework, res, ref, predicted, cfg.n_layer, case.get("schedule", ""))
         if case.get("status") == "pass":
             case["status"] = STATUS
-    case["saving"] = {"promised": promised, "residual_ratio": saved / saved_ref if saved_ref else None,
+    case["saving"] = {"promised": promised, "saved_ratio": saved / saved_ref if saved_ref else None,
                       "peak_activation_ratio": ratio, "predicted_peak_activation_ratio": predicted,
                       "realized": realized, "cause": cause}

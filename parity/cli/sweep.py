@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 
 from parity.cli.util import ascii_int
-from parity.cases.sweep import DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SweepConfig, run_sweep
+from parity.cases.sweep import (DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SWEEP_SCHEMA_VERSION, SweepConfig,
+                                run_sweep)
 
 
 def add_parser(sub) -> None:
@@ -133,7 +134,7 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
               "the lowest and highest ratio any pair of timed steps gives: a range that holds 1.00 is noise at these "
               "repeats.", "",
               "| framework | N | plan | saved | predicted | gap | peak act. | predicted | gap | time/none | time/none range "
-              "| peak source | flags |",
+              "| peak act. source | flags |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in report["cases"]:
         if c["error"]:
@@ -143,7 +144,7 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
             f"| {c['framework']} | {c['n_layer']} | {c['plan']} | {_b(c['saved_bytes'])} | "
             f"{_b(c['predicted_saved_bytes'])} | {_f(c['saved_gap'], '{:+.1%}')} | {_b(c['peak_activation_bytes'])} | "
             f"{_b(c['predicted_peak_activation_bytes'])} | {_f(c['peak_gap'], '{:+.1%}')} | "
-            f"{_f(c.get('time_overhead'))} | {_range(c.get('time_overhead_range'))} | {c['peak_source']} | "
+            f"{_f(c.get('time_overhead'))} | {_range(c.get('time_overhead_range'))} | {c['peak_activation_source']} | "
             f"{'; '.join(c['flags']) or '-'} |")
     warnings = [c["survival"]["warning"] for c in report["cases"] if c.get("survival") and c["survival"]["warning"]]
     lines += ["", "## Remat survival (JAX)", ""]
@@ -214,7 +215,7 @@ def _sweep_locked(args, sweep: SweepConfig, console, kept, lock, env) -> int:
     def on_case(c: dict) -> None:
         done.append(c)
         atomic_write(args.out / "sweep.json", json_text(
-            {"schema": 1, "complete": False, "nonfinite_encoding": "string", "environment": env,
+            {"schema": SWEEP_SCHEMA_VERSION, "complete": False, "nonfinite_encoding": "string", "environment": env,
              "config": dataclasses.asdict(sweep.config), "depths": list(sweep.depths), "plans": list(sweep.plans),
              "frameworks": list(sweep.frameworks), "cases": done}, indent=1))
         status = c["error"] or f"saved {_b(c['saved_bytes'])}, peak act. {_b(c['peak_activation_bytes'])}"

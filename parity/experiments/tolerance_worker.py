@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+from parity.runners.result import RunResult
+
 VARIANTS = ("float32", "float64", "bfloat16")
 
 
@@ -47,8 +49,9 @@ def variant_inputs(preset, variant: str, seed: int = 0):
     return cfg, params, tokens, variant
 
 
-def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> dict:
-    """The loss and gradients of :func:`parity.runners.torch_runner.run_schedule`, computed the same way."""
+def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> RunResult:
+    """The loss and gradients of :func:`parity.runners.torch_runner.run_schedule`, computed the same way
+    (a :class:`parity.runners.result.RunResult` without training, memory or timing)."""
     import torch
 
     from jaxremat.spec.policies import parse_policy
@@ -60,10 +63,11 @@ def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     loss = loss_fn(model, tokens_t, schedule, policy=parse_policy(None))
     loss.backward()
-    return {"loss": np.asarray(loss.detach().numpy(), dtype=cfg.dtype).copy(), "grads": model.to_params(grads=True)}
+    return RunResult(loss=np.asarray(loss.detach().numpy(), dtype=cfg.dtype).copy(), grads=model.to_params(grads=True),
+                     trained=None, mode="eager")
 
 
-def jax_loss_and_grads(cfg, params, tokens, schedule, mode: str = "jit") -> dict:
+def jax_loss_and_grads(cfg, params, tokens, schedule, mode: str = "jit") -> RunResult:
     """The loss and gradients of :func:`parity.runners.jax_runner.run_schedule` (no training run)."""
     from parity.inputs.train import AdamWConfig
     from parity.runners import jax_runner
@@ -97,20 +101,20 @@ def xla_vector_registers() -> dict | None:
     return {reg: text.count(reg) for reg in ("xmm", "ymm", "zmm")}
 
 
-def digest(res: dict) -> str:
+def digest(res: RunResult) -> str:
     """Short hash of the loss and gradient bytes (names sorted): equal digests, equal bits."""
-    h = hashlib.sha256(np.asarray(res["loss"]).tobytes())
-    for name in sorted(res["grads"]):
+    h = hashlib.sha256(np.asarray(res.loss).tobytes())
+    for name in sorted(res.grads):
         h.update(name.encode())
-        h.update(np.ascontiguousarray(res["grads"][name]).tobytes())
+        h.update(np.ascontiguousarray(res.grads[name]).tobytes())
     return h.hexdigest()[:12]
 
 
-def _bitwise(res: dict, ref: dict) -> dict:
+def _bitwise(res: RunResult, ref: RunResult) -> dict:
     from parity.checks.compare import compare_bitwise
 
-    loss = compare_bitwise({"loss": res["loss"]}, {"loss": ref["loss"]})
-    grads = compare_bitwise(res["grads"], ref["grads"])
+    loss = compare_bitwise({"loss": res.loss}, {"loss": ref.loss})
+    grads = compare_bitwise(res.grads, ref.grads)
     return {"equal": loss.equal and grads.equal, "max_ulp": max(loss.max_ulp, grads.max_ulp),
             "mismatched": sorted(loss.mismatched + grads.mismatched)}
 
@@ -147,17 +151,17 @@ def run_variant(preset, variant: str, schedules, eager: bool) -> dict:
         t0 = time.perf_counter()
         j = jax_loss_and_grads(cfg, params, tokens, schedule)
         t = torch_loss_and_grads(cfg, params, tokens, schedule)
-        row = {"schedule": name, "loss_jax": float(j["loss"]), "loss_torch": float(t["loss"]),
+        row = {"schedule": name, "loss_jax": float(j.loss), "loss_torch": float(t.loss),
                "jax_digest": digest(j), "torch_digest": digest(t),
-               **cross_check(j["loss"], t["loss"], j["grads"], t["grads"], scale, dtype)}
+               **cross_check(j.loss, t.loss, j.grads, t.grads, scale, dtype)}
         if name == "none":
             refs = {"jax": j, "torch": t}
             with x64:
                 row["ynn_fusions"] = _ynn_fusions(cfg, schedule, tokens)
             if eager and variant == "float32":  # op by op costs seconds per step: float32 only
                 e = jax_loss_and_grads(cfg, params, tokens, schedule, mode="eager")
-                row["eager"] = {"loss_jax": float(e["loss"]), "jax_digest": digest(e),
-                                **cross_check(e["loss"], t["loss"], e["grads"], t["grads"], scale, dtype)}
+                row["eager"] = {"loss_jax": float(e.loss), "jax_digest": digest(e),
+                                **cross_check(e.loss, t.loss, e.grads, t.grads, scale, dtype)}
         else:
             row["jax_vs_none"] = _bitwise(j, refs["jax"])
             row["torch_vs_none"] = _bitwise(t, refs["torch"])

@@ -27,8 +27,9 @@ from parity.checks.verdict import report_passed
 
 REPORT_FILES = ("report.json", "report.md")
 
-SCHEMA_VERSION = 3
-"""report.json schema: 3 writes non-finite floats as strings and adds environment and timing spreads (docs/cli.md)."""
+SCHEMA_VERSION = 4
+"""report.json schema: 4 names each quantity once (``saved_bytes``, ``saved_ratio``); 3 wrote non-finite
+floats as strings and added environment and timing spreads (docs/report-schema.md)."""
 
 
 class OutputDirError(Exception):
@@ -110,7 +111,7 @@ def case_row(c: dict) -> list[str]:
         c["framework"], c["mode"], c["dtype"], schedule, c["status"],
         _bit(c["grads_bitwise_equal"]), _bit(c["weights_bitwise_equal"]), _bit(c["reverse_loop_bitwise_equal"]),
         "-" if c["max_ulp"] is None else str(c["max_ulp"]), _bit(c.get("names_ok")),
-        _fmt_bytes(c["residual_bytes"]), _fmt_ratio(c["residual_ratio"]), _fmt_gap(c.get("saved_gap")),
+        _fmt_bytes(c["saved_bytes"]), _fmt_ratio(c["saved_ratio"]), _fmt_gap(c.get("saved_gap")),
         "-" if not c.get("offloaded_bytes") else _fmt_bytes(c["offloaded_bytes"]),
         _fmt_bytes(c["peak_bytes"]), _fmt_ratio(c["peak_ratio"]),
         _fmt_bytes(c.get("peak_activation_bytes")), _fmt_gap(c.get("peak_gap")), _fmt_saving(c.get("saving")),

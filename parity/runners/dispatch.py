@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from jaxremat.spec.plan import RematPlan
 
+from parity.runners.result import RunResult
+
 
 def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPlan, suite,
-                  with_reverse_loop: bool) -> dict:
+                  with_reverse_loop: bool) -> RunResult:
     """Run ``plan`` once in ``framework``/``mode`` with ``suite``'s optimizer, timing and seed.
 
     Args:
@@ -23,7 +25,7 @@ def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPla
         with_reverse_loop: also run the hand-written reverse segment loop.
 
     Returns:
-        The runner's result dict (see the two ``run_schedule`` docstrings).
+        The runner's :class:`parity.runners.result.RunResult` (see the two ``run_schedule`` docstrings).
     """
     if framework == "jax":
         from parity.runners import jax_runner
@@ -38,7 +40,7 @@ def run_framework(framework: str, mode: str, cfg, params, tokens, plan: RematPla
     from parity.runners import torch_runner
 
     return torch_runner.run_schedule(
-        cfg, params, tokens, plan.schedule, hparams=suite.hparams,
+        cfg, params, tokens, plan.schedule, mode=mode, hparams=suite.hparams,
         timing_repeats=suite.timing_repeats, with_reverse_loop=with_reverse_loop, seed=suite.seed,
         policy=plan.policy,
     )

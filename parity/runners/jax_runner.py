@@ -8,9 +8,10 @@
 * ``"eager"`` -- the same Python functions op by op under ``jax.disable_jit()`` (``lax.scan``
   then runs as a Python loop, every primitive dispatched on its own).
 
-Memory is measured the same way in both modes: saved residuals of ``loss_fn`` (a jaxpr-level
-count, :func:`jaxremat.memory.saved_residuals`) and XLA's compiled buffer sizes of the jitted
-loss+gradient step (:func:`jaxremat.memory.compiled_stats` of the executable that runs), plus the allocator's peak on a GPU.
+Memory is measured the same way in both modes, by the one JAX measurement path
+(:func:`parity.runners.jax_memory.measure_jax`): saved residuals of ``loss_fn`` (a jaxpr-level
+count) and XLA's compiled buffer sizes of the jitted loss+gradient step (the executable that
+runs), plus the allocator's peak on a GPU.
 
 For ``cfg.dtype == "float64"`` the whole run happens inside ``jax.enable_x64(True)`` and the
 result dtypes are asserted, so float64 really runs in float64.
@@ -30,12 +31,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxremat.memory import compiled_stats, device_peak_bytes, gpu_available, saved_residuals
 from jaxremat.models import TransformerConfig, check_params, get_model, param_shapes
 from jaxremat.spec import Schedule
 from jaxremat.spec.policies import POLICIES, Policy, parse_policy
 from jaxremat.survival import count_dots
 from parity.inputs.train import AdamWConfig
+
+from parity.runners.jax_memory import measure_jax
+from parity.runners.result import RunResult
 
 SAVE_NOTHING = POLICIES["save_nothing"]
 
@@ -135,7 +138,7 @@ def run_schedule(
     cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, schedule: Schedule, *,
     mode: str, hparams: AdamWConfig, timing_repeats: int = 5, with_reverse_loop: bool = True, seed: int = 0,
     with_training: bool = True, policy: Policy | str | None = None,
-) -> dict[str, Any]:
+) -> RunResult:
     """Loss, gradients, training, residual and peak memory, and step time of one remat schedule.
 
     Args:
@@ -157,15 +160,14 @@ def run_schedule(
             and gradients use it directly, training step i uses ``fold_in(key, i)``.
 
     Returns:
-        dict with ``loss`` (0-d numpy, ``cfg.dtype``), ``grads`` and ``trained`` (canonical
-        dicts of numpy), ``residual_bytes`` (int, non-argument saved residual bytes of
-        ``loss_fn`` in device memory), ``offloaded_bytes`` (int, those in host memory), ``residuals`` (list of dicts: shape, dtype, bytes, description,
-        is_argument), ``peak_bytes`` (int, XLA compiled memory of the jitted loss+grad step, in
-        both modes), ``peak_source``, ``peak_breakdown`` (dict of bytes), ``dots_compiled`` (matrix products in the compiled
-        program's text), ``step_time_s``
-        (median seconds of one training step -- loss+gradients then the AdamW update
-        -- ``time.perf_counter`` around ``block_until_ready``), ``reverse_loop_grads`` (canonical dict or None), ``mode``, and
-        ``device_peak`` (dict, only on a GPU backend).
+        :class:`parity.runners.result.RunResult`: ``loss``, ``grads``, ``trained`` (None without
+        training), ``mode``, ``reverse_loop_grads`` (None when not run), ``memory``
+        (:func:`parity.runners.jax_memory.measure_jax` of the compiled loss+grad step, in both
+        modes: saved and offloaded residual bytes, XLA's peak and its breakdown, peak activation,
+        the device peak on a GPU), ``step_time_s``/``step_times_s`` (median and every timed
+        training step -- loss+gradients then the AdamW update -- ``time.perf_counter`` around
+        ``block_until_ready``; None without training) and ``dots_compiled`` (matrix products in
+        the compiled program's text: recompute present or merged away).
 
     Raises:
         ValueError: unknown mode, ``timing_repeats < 1``, bad parameters or tokens.
@@ -189,7 +191,7 @@ def run_schedule(
 
 
 def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,
-         with_training, policy) -> dict:
+         with_training, policy) -> RunResult:
     progs = _programs(cfg, schedule, hparams, policy)
     params = {k: jnp.asarray(v) for k, v in params_np.items()}
     _check_dtypes(cfg, "params", params)
@@ -205,38 +207,27 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
 
     with run_ctx():
         loss, grads = jax.block_until_ready(vg(params, tokens, key))
-    out: dict[str, Any] = {"loss": np.asarray(loss), "grads": _to_numpy(grads), "mode": mode}
-    _check_dtypes(cfg, "grads", {"loss": out["loss"], **out["grads"]})
+    loss_np, grads_np = np.asarray(loss), _to_numpy(grads)
+    _check_dtypes(cfg, "grads", {"loss": loss_np, **grads_np})
 
-    out["reverse_loop_grads"] = None
+    reverse_grads = None
     if with_reverse_loop and policy.saves_nothing and any(s.checkpointed for s in schedule.segments_for(cfg.n_layer)):
         with run_ctx():
             _, rl_grads = jax.block_until_ready(reverse(params, tokens, key))
-        out["reverse_loop_grads"] = _to_numpy(rl_grads)
+        reverse_grads = _to_numpy(rl_grads)
 
-    records = saved_residuals(lambda p: objective(cfg)(p, tokens, cfg, schedule, key, policy=policy), params)
-    out["residuals"] = [dataclasses.asdict(r) for r in records]
-    out["residual_bytes"] = int(sum(r.bytes for r in records if not r.is_argument and r.memory == "device"))
-    out["offloaded_bytes"] = int(sum(r.bytes for r in records if not r.is_argument and r.memory == "host"))
-
-    mem = compiled_stats(compiled_vg)
-    out["peak_bytes"] = int(mem["peak_bytes"])
-    out["peak_source"] = f"{mem['source']} of jit(value_and_grad(loss_fn))"
-    out["peak_breakdown"] = {k: v for k, v in mem.items() if k != "source"}
-    out["dots_compiled"] = count_dots(compiled_vg.as_text(), optimized=True)  # recompute present or merged away
-    if gpu_available():
-        out["device_peak"] = device_peak_bytes(progs.value_and_grad_jit, params, tokens, key)
-
+    memory = measure_jax(lambda p: objective(cfg)(p, tokens, cfg, schedule, key, policy=policy), params,
+                         compiled_vg, device_step=lambda: progs.value_and_grad_jit(params, tokens, key))
+    result = RunResult(loss=loss_np, grads=grads_np, trained=None, mode=mode, reverse_loop_grads=reverse_grads,
+                       memory=memory, dots_compiled=count_dots(compiled_vg.as_text(), optimized=True))
     if not with_training:
-        out["trained"] = None
-        out["step_time_s"] = None
-        return out
+        return result
     with run_ctx():
         p, opt_state = params, progs.init_opt(params)
         for i in range(hparams.steps):
             p, opt_state = step(p, opt_state, tokens, step_key(i))
-        out["trained"] = _to_numpy(jax.block_until_ready(p))
-        _check_dtypes(cfg, "trained", out["trained"])
+        trained = _to_numpy(jax.block_until_ready(p))
+        _check_dtypes(cfg, "trained", trained)
 
         if not eager:  # warm-up: the first call of the AdamW update compiles it
             p, opt_state = jax.block_until_ready(step(params, progs.init_opt(params), tokens, step_key(0)))
@@ -245,6 +236,5 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
             t0 = time.perf_counter()
             p, opt_state = jax.block_until_ready(step(p, opt_state, tokens, step_key(1 + r)))
             times.append(time.perf_counter() - t0)
-    out["step_time_s"] = float(statistics.median(times))
-    out["step_times_s"] = [float(t) for t in times]
-    return out
+    return dataclasses.replace(result, trained=trained, step_time_s=float(statistics.median(times)),
+                               step_times_s=tuple(float(t) for t in times))

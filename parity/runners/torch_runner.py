@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
-
 import numpy as np
 import torch
 
 from jaxremat.models import TransformerConfig, get_model
 from jaxremat.spec import Schedule
 from jaxremat.spec.policies import Policy, parse_policy
+
 from parity.inputs.train import AdamWConfig
-from torchref.memory import SavedActivationRecorder, peak_step_bytes
-from torchref.policies import SelectiveCheckpoint
+from parity.runners.result import RunResult
+from parity.runners.torch_memory import measure_torch
 
 
 def model_and_loss(cfg: TransformerConfig):
@@ -48,9 +47,9 @@ def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torc
 
 def run_schedule(
     cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, schedule: Schedule, *,
-    hparams: AdamWConfig, timing_repeats: int = 5, with_reverse_loop: bool = True, seed: int = 0,
-    policy: Policy | str | None = None,
-) -> dict[str, Any]:
+    hparams: AdamWConfig, mode: str = "eager", timing_repeats: int = 5, with_reverse_loop: bool = True,
+    seed: int = 0, policy: Policy | str | None = None,
+) -> RunResult:
     """Loss, gradients, training, residual and peak memory, and step time of one remat schedule.
 
     Args:
@@ -59,6 +58,8 @@ def run_schedule(
         tokens: ``(B, T+1)`` integer token ids; inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
         schedule: remat schedule for the blocks.
         hparams: AdamW hyper-parameters and number of training steps.
+        mode: ``"eager"``, the only mode of the PyTorch reference (named for the runner protocol,
+            :class:`parity.runners.result.Runner`).
         timing_repeats: timed training steps (after one warm-up step); >= 1.
         with_reverse_loop: also run :func:`torchref.reverse_loop.reverse_segment_loop` (only for
             schedules with at least one checkpointed segment).
@@ -66,21 +67,21 @@ def run_schedule(
         policy: what checkpointed segments keep inside (:mod:`torchref.policies`); None keeps nothing.
 
     Returns:
-        dict with ``loss`` (0-d numpy, ``cfg.dtype``), ``grads`` (canonical dict), ``trained``
-        (canonical params after ``hparams.steps`` AdamW steps on ``tokens``), ``residual_bytes``
-        (int, bytes kept on the device for backward by one forward: saved tensors, checkpoint
-        inputs and the policy's cached outputs; parameters and buffers excluded),
-        ``offloaded_bytes`` (int, outputs the policy moved to host memory), ``saved_names``
-        (sorted activation names the policy cached),
-        ``residuals`` (records of :class:`torchref.memory.SavedActivationRecorder`), ``peak_bytes``
-        (int), ``peak_source`` (str), ``peak_breakdown`` (dict str -> int bytes), ``step_time_s``
-        (median seconds of one training step, ``time.perf_counter``), ``reverse_loop_grads``
-        (canonical dict or None) and ``mode`` (``"eager"``).
+        :class:`parity.runners.result.RunResult`: ``loss`` (0-d numpy, ``cfg.dtype``), ``grads``
+        (canonical dict), ``trained`` (canonical params after ``hparams.steps`` AdamW steps on
+        ``tokens``), ``mode`` (``"eager"``), ``reverse_loop_grads`` (canonical dict or None),
+        ``memory`` (:func:`parity.runners.torch_memory.measure_torch`: saved bytes of one forward
+        -- saved tensors, checkpoint inputs and the policy's cached outputs, parameters and
+        buffers excluded -- offloaded bytes, the cached names, MemTracker's peak of one
+        steady-state training step and its breakdown, peak activation) and ``step_time_s`` /
+        ``step_times_s`` (median and every timed training step, ``time.perf_counter``).
 
     Raises:
         ValueError: bad parameters, tokens (not integer, wrong rank, ids out of range, too long),
-            a schedule invalid for ``cfg.n_layer``, or ``timing_repeats < 1``.
+            a schedule invalid for ``cfg.n_layer``, a mode other than ``"eager"``, or ``timing_repeats < 1``.
     """
+    if mode != "eager":
+        raise ValueError(f"the PyTorch reference runs eagerly: mode must be 'eager', got {mode!r}")
     if timing_repeats < 1:
         raise ValueError(f"timing_repeats must be >= 1, got {timing_repeats}")
     tokens = np.asarray(tokens)
@@ -105,15 +106,6 @@ def run_schedule(
         torch.manual_seed(seed)
         _, reverse_grads = reverse_segment_loop(model, tokens_t, schedule)
 
-    # residuals saved by one forward pass
-    model = Model.from_params(cfg, params)
-    recorder = SavedActivationRecorder(exclude=[*model.parameters(), *model.buffers()])
-    sac = SelectiveCheckpoint(policy)
-    torch.manual_seed(seed)
-    with recorder:
-        loss = model_loss(model, tokens_t, schedule, policy=sac, on_checkpoint_input=recorder.record_boundary)
-    del loss
-
     # training run
     model = Model.from_params(cfg, params)
     opt = _adamw(model, hparams)
@@ -121,30 +113,26 @@ def run_schedule(
         _train_step(model, opt, tokens_t, schedule, seed, policy)
     trained = model.to_params()
 
-    # peak memory of one steady-state step (optimizer state already allocated), then timing
+    # saved bytes of one forward pass (a fresh model), peak of one steady-state step (optimizer
+    # state already allocated), then timing
+    saved_model = Model.from_params(cfg, params)
+
+    def forward(sac, on_checkpoint_input):
+        torch.manual_seed(seed)
+        return model_loss(saved_model, tokens_t, schedule, policy=sac, on_checkpoint_input=on_checkpoint_input)
+
     model = Model.from_params(cfg, params)
     opt = _adamw(model, hparams)
     _train_step(model, opt, tokens_t, schedule, seed, policy)  # warm-up: allocates AdamW state
-    peak = peak_step_bytes(lambda: _train_step(model, opt, tokens_t, schedule, seed, policy), model, opt)
+    memory = measure_torch(forward, lambda: _train_step(model, opt, tokens_t, schedule, seed, policy),
+                           exclude=[*saved_model.parameters(), *saved_model.buffers()], tracked=(model, opt),
+                           policy=policy)
     times = []
     for _ in range(timing_repeats):
         t0 = time.perf_counter()
         _train_step(model, opt, tokens_t, schedule, seed, policy)
         times.append(time.perf_counter() - t0)
 
-    return {
-        "loss": loss_np,
-        "grads": grads,
-        "trained": trained,
-        "residual_bytes": int(recorder.total_bytes + sac.kept_bytes()),
-        "offloaded_bytes": int(sac.offloaded_bytes()),
-        "saved_names": sorted({r.name for r in sac.records if r.name}),
-        "residuals": list(recorder.records),
-        "peak_bytes": int(peak.peak_bytes),
-        "peak_source": peak.source,
-        "peak_breakdown": dict(peak.breakdown),
-        "step_time_s": float(statistics.median(times)),
-        "step_times_s": [float(t) for t in times],
-        "reverse_loop_grads": reverse_grads,
-        "mode": "eager",
-    }
+    return RunResult(loss=loss_np, grads=grads, trained=trained, mode="eager", reverse_loop_grads=reverse_grads,
+                     memory=memory, step_time_s=float(statistics.median(times)),
+                     step_times_s=tuple(float(t) for t in times))

@@ -3,17 +3,17 @@
 import numpy as np
 import pytest
 
+from jaxremat.memory import gpu_available
 from jaxremat.spec import none, sqrt
 from jaxremat.models import TransformerConfig, init_params
 from parity.inputs.train import AdamWConfig
 from parity.runners import jax_runner
+from parity.runners.result import Memory, RunResult
 
 # n_layer 4: sqrt is segments(2) = one checkpointed 2-layer segment + a plain tail (bitwise under jit)
 CFG = TransformerConfig(vocab_size=32, n_layer=4, d_model=8, n_head=2, d_ff=16, max_seq_len=4)
 HP = AdamWConfig(steps=2)
 TOKENS = np.random.default_rng(0).integers(0, 32, (2, 5))
-KEYS = {"loss", "grads", "trained", "residual_bytes", "residuals", "peak_bytes", "peak_source",
-        "peak_breakdown", "step_time_s", "reverse_loop_grads", "mode"}
 
 
 def _bitwise(a: dict, b: dict) -> bool:
@@ -23,18 +23,24 @@ def _bitwise(a: dict, b: dict) -> bool:
 def test_run_schedule_jit_float32_fields_and_parity():
     params = init_params(CFG)
     res = jax_runner.run_schedule(CFG, params, TOKENS, sqrt, mode="jit", hparams=HP, timing_repeats=2)
-    assert KEYS <= set(res) and res["mode"] == "jit"
-    assert res["loss"].shape == () and res["loss"].dtype == np.float32
-    assert set(res["grads"]) == set(params) == set(res["trained"])
+    assert isinstance(res, RunResult) and isinstance(res.memory, Memory) and res.mode == "jit"
+    assert res.loss.shape == () and res.loss.dtype == np.float32
+    assert set(res.grads) == set(params) == set(res.trained)
     # the unrolled reverse loop is bitwise at the default config under jit, only close at this
     # toy shape (XLA rounds its bias-gradient reductions differently; see test_reverse_loop.py)
-    rl = res["reverse_loop_grads"]
+    rl = res.reverse_loop_grads
     assert set(rl) == set(params)
-    assert all(np.abs(rl[k] - res["grads"][k]).max() <= 1e-6 * np.abs(res["grads"][k]).max() for k in rl)
-    assert not _bitwise(res["trained"], params)  # the optimizer moved the weights
-    assert 0 < res["residual_bytes"] < sum(r["bytes"] for r in res["residuals"])
-    assert res["peak_bytes"] > 0 and "memory_analysis" in res["peak_source"]
-    assert res["step_time_s"] > 0
+    assert all(np.abs(rl[k] - res.grads[k]).max() <= 1e-6 * np.abs(res.grads[k]).max() for k in rl)
+    assert not _bitwise(res.trained, params)  # the optimizer moved the weights
+    mem = res.memory
+    assert 0 < mem.saved_bytes < sum(r["bytes"] for r in mem.residuals)
+    assert mem.saved_bytes == sum(r["bytes"] for r in mem.residuals if not r["is_argument"] and r["memory"] == "device")
+    assert mem.offloaded_bytes == 0  # no policy offloads
+    assert (mem.device_peak is None) == (not gpu_available())  # the allocator's peak only on a GPU
+    assert mem.peak_bytes > 0 and "memory_analysis" in mem.peak_source and mem.peak_breakdown["temp_bytes"] > 0
+    param_bytes = sum(v.nbytes for v in params.values())
+    assert mem.peak_activation_bytes == mem.peak_bytes - 2 * param_bytes  # less parameters and gradients
+    assert res.step_time_s > 0 and len(res.step_times_s) == 2 and res.dots_compiled > 0
     # cached: a second call compiles nothing new
     hits = jax_runner._programs.cache_info().hits
     jax_runner.run_schedule(CFG, params, TOKENS, sqrt, mode="jit", hparams=HP, timing_repeats=1)
@@ -47,9 +53,9 @@ def test_run_schedule_float64_runs_in_float64_and_eager_mode():
     params = init_params(cfg)
     res = jax_runner.run_schedule(cfg, params, TOKENS, none, mode="eager", hparams=AdamWConfig(steps=1),
                                   timing_repeats=1, with_reverse_loop=False)
-    assert res["mode"] == "eager" and res["loss"].dtype == np.float64
-    assert all(v.dtype == np.float64 for v in res["grads"].values())
-    assert all(v.dtype == np.float64 for v in res["trained"].values())
+    assert res.mode == "eager" and res.loss.dtype == np.float64
+    assert all(v.dtype == np.float64 for v in res.grads.values())
+    assert all(v.dtype == np.float64 for v in res.trained.values())
 
 
 def test_run_schedule_rejects_bad_arguments():
@@ -60,3 +66,11 @@ def test_run_schedule_rejects_bad_arguments():
         jax_runner.run_schedule(CFG, params, TOKENS, none, mode="jit", hparams=HP, timing_repeats=0)
     with pytest.raises(ValueError, match="integer"):
         jax_runner.run_schedule(CFG, params, TOKENS.astype(float), none, mode="jit", hparams=HP)
+
+
+def test_run_schedule_without_training_leaves_trained_and_time_unset():
+    params = init_params(CFG)
+    res = jax_runner.run_schedule(CFG, params, TOKENS, none, mode="jit", hparams=HP, timing_repeats=1,
+                                  with_training=False)
+    assert res.trained is None and res.step_time_s is None and res.step_times_s is None
+    assert res.memory.saved_bytes > 0 and res.reverse_loop_grads is None

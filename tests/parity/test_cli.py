@@ -16,7 +16,7 @@ from parity.report.suite_report import SCHEMA_VERSION
 
 REQUIRED_CASE_KEYS = {
     "framework", "model", "schedule", "n_layer", "dtype", "mode", "grads_bitwise_equal", "weights_bitwise_equal",
-    "max_ulp", "max_abs_diff", "residual_bytes", "peak_bytes", "predicted_peak_units", "step_time_s",
+    "max_ulp", "max_abs_diff", "saved_bytes", "peak_bytes", "predicted_peak_units", "step_time_s",
     "time_overhead", "status", "error",
 }
 REQUIRED_CROSS_KEYS = {"schedule", "dtype", "max_rel_err_loss", "max_rel_err_grads", "tolerance", "ok"}
@@ -50,7 +50,9 @@ def test_cli_run_writes_valid_report(tiny_report):
             assert c["weights_bitwise_equal"] is None and c["step_time_s"] is None
         else:
             assert c["weights_bitwise_equal"] is True and c["step_time_s"] > 0
-        assert c["peak_bytes"] > 0 and c["residual_bytes"] > 0
+        assert c["peak_bytes"] > 0 and c["saved_bytes"] > 0
+        assert not {"residual_bytes", "residual_ratio"} & set(c) and "saved_ratio" in c  # one name per quantity
+        assert "residual_ratio" not in c["saving"] and "saved_ratio" in c["saving"]
     for x in report["cross_framework"]:
         assert REQUIRED_CROSS_KEYS <= set(x) and x["ok"], x
     assert rc == 1  # the no_saving cases fail the run
@@ -110,9 +112,9 @@ def test_cli_remat_saves_less_than_none(tiny_report):
     cases = json.loads((out / "report.json").read_text())["cases"]
     for fw, mode in (("jax", "jit"), ("torch", "eager")):
         by = {c["schedule"]: c for c in cases if c["framework"] == fw and c["mode"] == mode}
-        assert by["every_k(2)"]["residual_bytes"] < by["none"]["residual_bytes"], fw
+        assert by["every_k(2)"]["saved_bytes"] < by["none"]["saved_bytes"], fw
         sel = by["every_k(2)+save_qkv_proj"]
-        assert by["every_k(2)"]["residual_bytes"] < sel["residual_bytes"] < by["none"]["residual_bytes"], fw
+        assert by["every_k(2)"]["saved_bytes"] < sel["saved_bytes"] < by["none"]["saved_bytes"], fw
         assert sel["names_ok"] is True and sel["block_names"]["kept"] == ["qkv_proj"], fw
 
 

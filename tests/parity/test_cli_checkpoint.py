@@ -75,6 +75,6 @@ def test_jax_runner_on_the_encoder_is_bitwise_under_jit():
     hp = AdamWConfig(learning_rate=2e-5, steps=2)
     runs = [jax_runner.run_schedule(cfg, params, tokens, s, mode="jit", hparams=hp, timing_repeats=1,
                                     with_reverse_loop=False) for s in (none, every_k(2))]
-    assert compare_bitwise(runs[1]["grads"], runs[0]["grads"]).equal
-    assert compare_bitwise(runs[1]["trained"], runs[0]["trained"]).equal
-    assert runs[1]["residual_bytes"] < runs[0]["residual_bytes"]
+    assert compare_bitwise(runs[1].grads, runs[0].grads).equal
+    assert compare_bitwise(runs[1].trained, runs[0].trained).equal
+    assert runs[1].memory.saved_bytes < runs[0].memory.saved_bytes

@@ -23,14 +23,14 @@ def test_frameworks_agree_within_tolerance_table(dtype):
     t = torch_runner.run_schedule(cfg, params, tokens, every_k(2), hparams=hp, timing_repeats=1,
                                   with_reverse_loop=False)
     scale = loss_term_scale(cfg, params, tokens)
-    r = cross_check(j["loss"], t["loss"], j["grads"], t["grads"], scale, dtype)
+    r = cross_check(j.loss, t.loss, j.grads, t.grads, scale, dtype)
     assert r["ok"], r
     # the comparison is not vacuous: the gradients are nonzero and differ from the weights' scale
-    assert all(abs(g).max() > 0 for g in t["grads"].values())
+    assert all(abs(g).max() > 0 for g in t.grads.values())
     # one gradient tensor off by one part in a thousand fails (rounding stays far below that)
     name = r["worst_grad"]
-    wrong = dict(t["grads"], **{name: t["grads"][name] * (1 + 1e-3)})
-    bad = cross_check(j["loss"], t["loss"], j["grads"], wrong, scale, dtype)
+    wrong = dict(t.grads, **{name: t.grads[name] * (1 + 1e-3)})
+    bad = cross_check(j.loss, t.loss, j.grads, wrong, scale, dtype)
     assert not bad["ok"] and not bad["grads_ok"] and bad["max_rel_err_grads"] > 10 * tolerance_for(dtype).bound
     # a wrong weight conversion (transposed projection) is caught far above the tolerance
     swapped = dict(params)
@@ -38,8 +38,8 @@ def test_frameworks_agree_within_tolerance_table(dtype):
     swapped["h.mlp.c_fc.weight"] = w[:, ::-1, :].copy()
     t_bad = torch_runner.run_schedule(cfg, swapped, tokens, every_k(2), hparams=hp, timing_repeats=1,
                                       with_reverse_loop=False)
-    assert max_rel_err(j["grads"], t_bad["grads"]) > 100 * tolerance_for(dtype).bound
-    assert not cross_check(j["loss"], t_bad["loss"], j["grads"], t_bad["grads"], scale, dtype)["loss_ok"]
+    assert max_rel_err(j.grads, t_bad.grads) > 100 * tolerance_for(dtype).bound
+    assert not cross_check(j.loss, t_bad.loss, j.grads, t_bad.grads, scale, dtype)["loss_ok"]
 
 
 def test_loss_term_scale_is_the_size_of_the_cross_entropy_terms():
@@ -49,7 +49,7 @@ def test_loss_term_scale_is_the_size_of_the_cross_entropy_terms():
                                   with_reverse_loop=False)
     scale = loss_term_scale(cfg, params, tokens)
     # at initialisation the logits are near 0: logsumexp is about log V and the terms do not cancel
-    assert float(t["loss"]) <= scale < float(t["loss"]) * 1.1
+    assert float(t.loss) <= scale < float(t.loss) * 1.1
     assert scale == pytest.approx(np.log(cfg.vocab_size), rel=0.05)
 
 
@@ -65,7 +65,7 @@ def test_loss_term_scale_of_the_contrastive_loss_is_its_similarity_logits():
                                 timing_repeats=1, with_reverse_loop=False, with_training=False)
     scale = loss_term_scale(cfg, params, ids)
     # logits are 20 * cosine similarities: each term is at most 20 + log(pairs) in size
-    assert float(j["loss"]) <= scale <= 2 * (CONTRASTIVE_SCALE + np.log(2))
+    assert float(j.loss) <= scale <= 2 * (CONTRASTIVE_SCALE + np.log(2))
     assert scale > 10  # random embeddings are alike (cosine near 1): the terms are near 20, not near the loss
 
 

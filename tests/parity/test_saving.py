@@ -1,14 +1,26 @@
 """parity.checks.saving: a plan that promises a saving its measured peak does not realize fails the run."""
 
+import numpy as np
+
 from jaxremat.models import TransformerConfig
 from jaxremat.spec.plan import parse_plan
 from parity.inputs.presets import get_preset
 from parity.checks.saving import STATUS, attach_saving
 from parity.cases.suite import SuiteConfig, run_suite
 from parity.checks.verdict import report_passed
+from parity.runners.result import Memory, RunResult
 
 CFG = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
-REF = {"residual_bytes": 1000, "peak_bytes": 10_000, "peak_breakdown": {"step_increase": 8000}, "dots_compiled": 40}
+
+
+def _res(saved: int, peak: int, peak_activation: int | None, dots: int | None = None) -> RunResult:
+    """A runner result with only what attach_saving reads: the memory and the compiled dot count."""
+    memory = Memory(saved_bytes=saved, offloaded_bytes=0, peak_bytes=peak, peak_activation_bytes=peak_activation,
+                    saved_source="test", peak_source="test", peak_activation_source="test", peak_breakdown={})
+    return RunResult(loss=np.float32(0), grads={}, trained=None, mode="eager", memory=memory, dots_compiled=dots)
+
+
+REF = _res(1000, 10_000, 8000, dots=40)
 
 
 def _case(plan, res, framework="torch"):
@@ -18,38 +30,38 @@ def _case(plan, res, framework="torch"):
 
 
 def test_realized_saving_passes():
-    case = _case("full", {"residual_bytes": 200, "peak_bytes": 6000, "peak_breakdown": {"step_increase": 4000}})
+    case = _case("full", _res(200, 6000, 4000))
     assert case["status"] == "pass"
     assert case["saving"]["promised"] and case["saving"]["realized"] and case["saving"]["cause"] is None
     assert case["saving"]["peak_activation_ratio"] == 0.5
 
 
 def test_promised_but_not_realized_is_no_saving_with_a_cause():
-    case = _case("every_k(2)", {"residual_bytes": 300, "peak_bytes": 10_000, "peak_breakdown": {"step_increase": 8000}})
+    case = _case("every_k(2)", _res(300, 10_000, 8000))
     assert case["status"] == STATUS and case["saving"]["realized"] is False
     assert "the recompute is in the program" in case["saving"]["cause"]
 
 
 def test_whole_stack_segment_is_blamed_on_the_schedule():
     # every_k(4) at N=4: one checkpointed segment over the whole stack, recomputed at once
-    case = _case("every_k(4)", {"residual_bytes": 100, "peak_bytes": 10_500, "peak_breakdown": {"step_increase": 8500}})
+    case = _case("every_k(4)", _res(100, 10_500, 8500))
     assert case["status"] == STATUS
     assert case["saving"]["predicted_peak_activation_ratio"] >= 1.0
     assert "predicts no saving at N=4" in case["saving"]["cause"]
 
 
 def test_jax_recompute_merged_away_is_named():
-    res = {"residual_bytes": 200, "peak_bytes": REF["peak_bytes"], "dots_compiled": 40}
+    res = _res(200, REF.memory.peak_bytes, REF.memory.peak_activation_bytes, dots=40)
     case = _case("full", res, framework="jax")
     assert case["status"] == STATUS and "XLA removed the recompute" in case["saving"]["cause"]
 
 
 def test_no_promise_no_judgement_and_a_failed_case_stays_failed():
-    same = {"residual_bytes": 1000, "peak_bytes": 10_000, "peak_breakdown": {"step_increase": 8000}}
+    same = _res(1000, 10_000, 8000)
     case = _case("full+save_everything", same)
     assert case["status"] == "pass" and case["saving"]["promised"] is False and case["saving"]["realized"] is None
     case = {"status": "fail", "schedule": "full"}
-    attach_saving(case, "torch", CFG, 2, 8, parse_plan("full"), {**same, "residual_bytes": 10}, REF)
+    attach_saving(case, "torch", CFG, 2, 8, parse_plan("full"), _res(10, 10_000, 8000), REF)
     assert case["status"] == "fail" and case["saving"]["realized"] is False
 
 

@@ -54,16 +54,16 @@ def frozen_runs():
 def test_frozen_trainable_grads_bitwise_present_and_frozen_weights_unchanged(frozen_runs, framework):
     params, runs = frozen_runs
     ref, got = runs[framework, "none"], runs[framework, "every_k(2)"]
-    train = stress_frozen.split_trainable(CFG, got["grads"])
+    train = stress_frozen.split_trainable(CFG, got.grads)
     assert sorted(k for k in train if k.startswith("h.ln_1.weight")) == ["h.ln_1.weight[2]", "h.ln_1.weight[3]"]
     assert "wte" not in train and "ln_f.weight" in train
     assert all(np.any(g) for g in train.values())  # none None, none zero
-    assert compare_bitwise(train, stress_frozen.split_trainable(CFG, ref["grads"])).equal
-    assert compare_bitwise(got["trained"], ref["trained"]).equal
-    assert compare_bitwise(stress_frozen.frozen_entries(CFG, got["trained"]), stress_frozen.frozen_entries(CFG, params)).equal
-    moved, start = stress_frozen.split_trainable(CFG, got["trained"]), stress_frozen.split_trainable(CFG, params)
+    assert compare_bitwise(train, stress_frozen.split_trainable(CFG, ref.grads)).equal
+    assert compare_bitwise(got.trained, ref.trained).equal
+    assert compare_bitwise(stress_frozen.frozen_entries(CFG, got.trained), stress_frozen.frozen_entries(CFG, params)).equal
+    moved, start = stress_frozen.split_trainable(CFG, got.trained), stress_frozen.split_trainable(CFG, params)
     assert all(not compare_bitwise({k: v}, {k: start[k]}).equal for k, v in moved.items())
     if framework == "torch":
-        assert got["frozen_grads_none"] is True
+        assert got.frozen_grads_none is True
     else:
-        assert all(not np.any(g) for g in stress_frozen.frozen_entries(CFG, got["grads"]).values())
+        assert all(not np.any(g) for g in stress_frozen.frozen_entries(CFG, got.grads).values())

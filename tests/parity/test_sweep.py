@@ -6,7 +6,7 @@ import pytest
 
 from jaxremat.models import TransformerConfig
 from parity.cli.run import main
-from parity.cases.sweep import SweepConfig, fit_slope, run_sweep
+from parity.cases.sweep import SWEEP_SCHEMA_VERSION, SweepConfig, fit_slope, run_sweep
 
 TINY = TransformerConfig(vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 
@@ -20,10 +20,12 @@ def report():
 
 def test_saved_bytes_equal_the_model_in_both_frameworks(report):
     cases = [c for c in report["cases"] if not c["error"]]
-    assert len(cases) == 8
+    assert len(cases) == 8 and report["schema"] == SWEEP_SCHEMA_VERSION == 2
     for c in cases:
         assert c["saved_bytes"] == c["predicted_saved_bytes"], c
         assert c["peak_activation_bytes"] > 0 and c["step_time_s"] > 0 and c["peak_source"]
+        assert c["peak_activation_source"] and c["offloaded_bytes"] == 0
+        assert c["peak_bytes"] > c["peak_activation_bytes"]  # parameters and gradients on top
     for fw in ("jax", "torch"):
         assert report["block"][fw]["tensor_by_tensor_match"]
         assert sum(report["block"][fw]["bytes_by_name"].values()) == report["block"][fw]["measured_bytes"]

@@ -57,7 +57,7 @@ def test_sweep_torch_path_is_the_runners_bitwise():
     full = torch_runner.run_schedule(cfg, params, tokens, parse_schedule("sqrt"), hparams=AdamWConfig(steps=1),
                                      timing_repeats=1, with_reverse_loop=False)
     lean = torch_loss_and_grads(cfg, params, tokens, parse_schedule("sqrt"))
-    assert compare_bitwise({"loss": lean["loss"], **lean["grads"]}, {"loss": full["loss"], **full["grads"]}).equal
+    assert compare_bitwise({"loss": lean.loss, **lean.grads}, {"loss": full.loss, **full.grads}).equal
 
 
 @pytest.mark.skipif(not TWO_CPUS, reason="needs 2 CPUs to run 1 and 2 threads")

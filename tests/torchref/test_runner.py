@@ -8,15 +8,12 @@ import pytest
 from jaxremat.spec import full, none
 from jaxremat.models import TransformerConfig, init_params
 from parity.inputs.train import AdamWConfig
+from parity.runners.result import Memory, RunResult
 from parity.runners.torch_runner import run_schedule
 
 CFG = TransformerConfig(vocab_size=64, n_layer=3, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 TOKENS = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, CFG.max_seq_len + 1))
 HPARAMS = AdamWConfig(steps=2)
-KEYS = {
-    "loss", "grads", "trained", "residual_bytes", "residuals", "peak_bytes", "peak_source",
-    "peak_breakdown", "step_time_s", "step_times_s", "reverse_loop_grads", "mode", "offloaded_bytes", "saved_names",
-}
 
 
 @pytest.fixture(scope="module")
@@ -25,43 +22,48 @@ def results():
     return params, {s.name: run_schedule(CFG, params, TOKENS, s, hparams=HPARAMS, timing_repeats=1) for s in (none, full)}
 
 
-def test_run_schedule_returns_every_key(results):
+def test_run_schedule_returns_a_typed_result(results):
     params, runs = results
     for run in runs.values():
-        assert set(run) == KEYS
-        assert run["mode"] == "eager"
-        assert isinstance(run["loss"], np.ndarray) and run["loss"].shape == () and run["loss"].dtype == np.float32
-        assert set(run["grads"]) == set(params) == set(run["trained"])
-        assert all(run["grads"][k].shape == v.shape and run["grads"][k].dtype == v.dtype for k, v in params.items())
-        assert isinstance(run["residual_bytes"], int) and run["residual_bytes"] == sum(r["bytes"] for r in run["residuals"])
-        assert isinstance(run["peak_bytes"], int) and run["peak_bytes"] > 0
-        assert run["peak_source"] == "torch MemTracker (cpu)" and run["peak_breakdown"]["PARAM"] > 0
-        assert run["step_time_s"] > 0
+        assert isinstance(run, RunResult) and isinstance(run.memory, Memory)
+        assert run.mode == "eager"
+        assert isinstance(run.loss, np.ndarray) and run.loss.shape == () and run.loss.dtype == np.float32
+        assert set(run.grads) == set(params) == set(run.trained)
+        assert all(run.grads[k].shape == v.shape and run.grads[k].dtype == v.dtype for k, v in params.items())
+        mem = run.memory
+        assert isinstance(mem.saved_bytes, int) and mem.saved_bytes == sum(r["bytes"] for r in mem.residuals)
+        assert mem.offloaded_bytes == 0 and mem.saved_names == ()  # no policy: nothing cached
+        assert isinstance(mem.peak_bytes, int) and mem.peak_bytes > 0
+        assert mem.peak_source == "torch MemTracker (cpu)" and mem.peak_breakdown["PARAM"] > 0
+        not_activation = sum(mem.peak_breakdown.get(k, 0) for k in ("PARAM", "BUFFER", "GRAD", "OPT"))
+        assert mem.peak_activation_bytes == mem.peak_bytes - not_activation > 0
+        assert run.step_time_s > 0 and len(run.step_times_s) == 1 and run.dots_compiled is None
 
 
 def test_trained_differs_from_initial(results):
     params, runs = results
     for run in runs.values():
-        assert all(not np.array_equal(run["trained"][k], params[k]) for k in params)
+        assert all(not np.array_equal(run.trained[k], params[k]) for k in params)
 
 
 def test_remat_matches_none_and_reverse_loop(results):
     _, runs = results
-    assert runs["none"]["reverse_loop_grads"] is None  # no checkpointed segment
+    assert runs["none"].reverse_loop_grads is None  # no checkpointed segment
     ref, ckpt = runs["none"], runs["full"]
     for key in ("grads", "trained", "reverse_loop_grads"):
-        got = ckpt[key]
-        assert all(np.array_equal(got[k].view(np.uint32), ref["grads" if key == "reverse_loop_grads" else key][k].view(np.uint32)) for k in got), key
-    assert ckpt["residual_bytes"] < ref["residual_bytes"]
+        got = getattr(ckpt, key)
+        want = getattr(ref, "grads" if key == "reverse_loop_grads" else key)
+        assert all(np.array_equal(got[k].view(np.uint32), want[k].view(np.uint32)) for k in got), key
+    assert ckpt.memory.saved_bytes < ref.memory.saved_bytes
 
 
 def test_run_schedule_with_dropout_is_reproducible():
     cfg = CFG.replace(dropout=0.2)
     params = init_params(cfg)
     a, b = (run_schedule(cfg, params, TOKENS, s, hparams=AdamWConfig(steps=1), timing_repeats=1, seed=7) for s in (none, full))
-    assert np.array_equal(a["loss"], b["loss"])
-    assert all(np.array_equal(a["grads"][k], b["grads"][k]) for k in params)
-    assert all(np.array_equal(b["reverse_loop_grads"][k], b["grads"][k]) for k in params)
+    assert np.array_equal(a.loss, b.loss)
+    assert all(np.array_equal(a.grads[k], b.grads[k]) for k in params)
+    assert all(np.array_equal(b.reverse_loop_grads[k], b.grads[k]) for k in params)
 
 
 def test_run_schedule_rejects_float_tokens_and_accepts_read_only_arrays():
@@ -76,4 +78,4 @@ def test_run_schedule_rejects_float_tokens_and_accepts_read_only_arrays():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run = run_schedule(CFG, frozen, tokens, none, hparams=AdamWConfig(steps=1), timing_repeats=1, with_reverse_loop=False)
-    assert run["reverse_loop_grads"] is None
+    assert run.reverse_loop_grads is None

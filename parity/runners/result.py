@@ -1,0 +1,120 @@
+"""What a runner returns: one typed result per run, with its memory measurement.
+
+:class:`RunResult` is the result of :func:`parity.runners.jax_runner.run_schedule`,
+:func:`parity.runners.torch_runner.run_schedule` and the stress runners
+(:mod:`parity.cases.stress_frozen`, :mod:`parity.cases.stress_user`); :class:`Memory` is what the
+one measurement path of each framework computes (:func:`parity.runners.jax_memory.measure_jax`,
+:func:`parity.runners.torch_memory.measure_torch`). :class:`Runner` names the runner signature
+both framework runners satisfy.
+
+Canonical dicts map parameter names (:func:`jaxremat.spec.param_shapes`) to numpy arrays in the
+model's parameter dtype (``cfg.dtype``); all byte counts are ints in bytes, all times floats in
+seconds (``time.perf_counter``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:  # annotations only: this module loads no framework and no model code
+    from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig
+    from jaxremat.spec.policies import Policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """The memory of one training step, measured one way per framework.
+
+    Attributes:
+        saved_bytes: bytes kept in device memory by the forward pass for the backward pass
+            (parameters and buffers excluded; PyTorch: saved tensors, checkpoint inputs and the
+            policy's cached outputs; JAX: the non-argument saved residuals of the loss).
+        offloaded_bytes: saved bytes the policy moved to host memory (0 when none).
+        peak_bytes: peak bytes of the step, parameters, gradients (and optimizer state where the
+            step holds one) included.
+        peak_activation_bytes: ``peak_bytes`` less parameters, gradients and optimizer state
+            (JAX: less parameters (arguments) and gradients (outputs), ``2 x`` parameter bytes;
+            PyTorch: less MemTracker's ``PARAM``, ``BUFFER``, ``GRAD`` and ``OPT``, or on CUDA the
+            increase over what was allocated before the step); None where the peak's breakdown
+            does not say.
+        saved_source: how ``saved_bytes`` was counted.
+        peak_source: how ``peak_bytes`` was measured.
+        peak_activation_source: how ``peak_activation_bytes`` was derived from the peak.
+        peak_breakdown: the peak's parts, name -> bytes (JAX: XLA's ``argument_bytes``,
+            ``output_bytes``, ``alias_bytes``, ``temp_bytes``, ``generated_code_bytes``,
+            ``peak_bytes``; PyTorch CPU: MemTracker categories; CUDA: ``allocated_before``,
+            ``step_increase``).
+        residuals: the saved tensors behind ``saved_bytes`` (JAX: dicts of
+            :class:`jaxremat.memory.ResidualRecord` fields -- shape, dtype, bytes, description,
+            is_argument, memory; PyTorch: :class:`torchref.memory.SavedActivationRecorder` records).
+        saved_names: sorted activation names the policy cached (PyTorch; None in JAX).
+        device_peak: the GPU allocator's peak of one step (``peak_bytes``, ``bytes_in_use_before``,
+            ``source``: :func:`jaxremat.memory.device_peak_bytes`), None without a GPU or where
+            the caller does not measure it.
+    """
+
+    saved_bytes: int
+    offloaded_bytes: int
+    peak_bytes: int
+    peak_activation_bytes: int | None
+    saved_source: str
+    peak_source: str
+    peak_activation_source: str
+    peak_breakdown: Mapping[str, int]
+    residuals: tuple = ()
+    saved_names: tuple[str, ...] | None = None
+    device_peak: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """One run of one plan: its numbers for the bitwise checks, its memory and its step time.
+
+    Attributes:
+        loss: 0-d numpy array of the first step's loss (``cfg.dtype``).
+        grads: canonical dict of the first step's gradients (stress variants: their own layout).
+        trained: canonical dict of the weights after the optimizer steps; None when not trained
+            (JAX op by op skips training: a step costs a second of Python dispatch).
+        mode: ``"jit"`` or ``"eager"``.
+        reverse_loop_grads: gradients of the hand-written reverse segment loop (canonical dict),
+            None when it did not run.
+        memory: the step's :class:`Memory`; None where the runner does not measure memory
+            (the frozen and user-stack stress runners, a loss-and-gradients-only run).
+        step_time_s: median seconds of one timed training step; None when not timed.
+        step_times_s: every timed step, seconds, in order; None when not timed.
+        dots_compiled: matrix products in the compiled loss+gradient program's text (JAX; shows
+            whether XLA kept the recompute), None elsewhere.
+        state: non-parameter state after training, name -> numpy array (user-stack stress:
+            running statistics and step counters; ``{}`` without any), None elsewhere.
+        frozen_grads_none: PyTorch frozen stress: every frozen parameter got no ``.grad``; None
+            elsewhere (JAX has no None gradient).
+    """
+
+    loss: np.ndarray
+    grads: Mapping[str, np.ndarray]
+    trained: Mapping[str, np.ndarray] | None
+    mode: str
+    reverse_loop_grads: Mapping[str, np.ndarray] | None = None
+    memory: Memory | None = None
+    step_time_s: float | None = None
+    step_times_s: tuple[float, ...] | None = None
+    dots_compiled: int | None = None
+    state: Mapping[str, np.ndarray] | None = None
+    frozen_grads_none: bool | None = None
+
+
+class Runner(Protocol):
+    """The signature both framework runners satisfy (``run_schedule`` of each runner module).
+
+    ``mode`` is ``"jit"`` or ``"eager"`` in JAX, ``"eager"`` only in PyTorch. The JAX runner adds
+    ``with_training`` (False: no training run and no timing).
+    """
+
+    def __call__(self, cfg: TransformerConfig, params: Mapping[str, np.ndarray], tokens: np.ndarray,
+                 schedule: Schedule, *, mode: str, hparams: AdamWConfig, timing_repeats: int = 5,
+                 with_reverse_loop: bool = True, seed: int = 0,
+                 policy: Policy | str | None = None) -> RunResult:
+        """Loss, gradients, trained weights, memory and step time of ``schedule`` on ``tokens``."""
