@@ -7,7 +7,7 @@ one measurement path of each framework computes (:func:`parity.runners.jax_memor
 :func:`parity.runners.torch_memory.measure_torch`). :class:`Runner` names the runner signature
 both framework runners satisfy.
 
-Canonical dicts map parameter names (:func:`jaxremat.spec.param_shapes`) to numpy arrays in the
+Canonical dicts map parameter names (:func:`jaxremat.models.param_shapes`) to numpy arrays in the
 model's parameter dtype (``cfg.dtype``); all byte counts are ints in bytes, all times floats in
 seconds (``time.perf_counter``).
 """
