@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 import numpy as np
 
 if TYPE_CHECKING:  # annotations only: this module loads no framework and no model code
-    from jaxremat.spec import AdamWConfig, Schedule, TransformerConfig
+    from jaxremat.models import TransformerConfig
+    from jaxremat.spec import Schedule
     from jaxremat.spec.policies import Policy
+    from parity.inputs.train import AdamWConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+
 import numpy as np
 import torch
 

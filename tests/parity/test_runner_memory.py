@@ -8,7 +8,8 @@ import torch
 
 from jaxremat.memory import compiled_stats, gpu_available, saved_residuals
 from jaxremat.model import loss_fn
-from jaxremat.spec import TransformerConfig, init_params, parse_schedule
+from jaxremat.models import TransformerConfig, init_params
+from jaxremat.spec import parse_schedule
 from jaxremat.spec.plan import parse_plan
 from parity.cases import sweep
 from parity.runners.jax_memory import measure_jax

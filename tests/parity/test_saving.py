@@ -76,8 +76,6 @@ def test_suite_records_the_realized_saving_of_each_case():
 
 def test_jax_whole_stack_segment_measured_is_no_saving():
     """Real compiled memory: every_k(2) at N=2 recomputes the whole stack at once and saves nothing."""
-    import numpy as np
-
     from jaxremat.spec import parse_schedule
     from jaxremat.models import init_params
     from parity.inputs.train import AdamWConfig
