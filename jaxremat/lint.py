@@ -27,6 +27,9 @@ run raises the error). Source: ``jax.checkpoint`` policies (``jax/_src/ad_checkp
 
 from __future__ import annotations
 
+# Deferred imports: JAX is imported inside the functions that trace a plan, so the lint's plain checks import
+# without it.
+
 import contextlib
 import threading
 import warnings

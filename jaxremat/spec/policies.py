@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from .names import ACTIVATION_NAMES, ATTENTION_NAMES, MLP_NAMES, check_names
+from jaxremat.spec.schedules import split_call
 
 DOT_KINDS = (None, "all", "no_batch")
 """Op-class selectors: every matrix product, or only those without batch dimensions."""
@@ -183,7 +184,6 @@ def parse_policy(text: "str | Policy | None") -> Policy:
         return text
     if not isinstance(text, str):
         raise ValueError(f"a policy is a name such as 'save_dots' or a Policy, got {text!r} ({type(text).__name__})")
-    from .schedules import split_call
 
     try:
         name, arg = split_call(text, "policy")

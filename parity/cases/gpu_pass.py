@@ -18,11 +18,21 @@ says so; it never reports a silent 0 (``torch.cuda.max_memory_allocated`` return
 
 from __future__ import annotations
 
+# Deferred imports: each case loads JAX or PyTorch in its own process; the parent loads neither.
+
 import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+from jaxremat.models import init_params
+from jaxremat.spec import DEFAULT_SCHEDULES
+from jaxremat.spec import parse_schedule
+from parity.inputs.corpus import token_batch
+from parity.inputs.presets import get_preset
+from parity.report.environment import environment_info
+from parity.report.files import atomic_write, json_text
+import numpy as np
 
 SOURCES = {
     ("jax", "gpu"): "jax.Device.memory_stats()['peak_bytes_in_use'] (fresh process per case)",
@@ -59,11 +69,7 @@ def _jax_case(schedule: str) -> dict:
     import jax.numpy as jnp
 
     from jaxremat.model import loss_fn
-    from jaxremat.spec import parse_schedule
-    from jaxremat.models import init_params
 
-    from parity.inputs.corpus import token_batch
-    from parity.inputs.presets import get_preset
     from parity.runners.jax_memory import measure_jax
 
     preset = get_preset("gpt-small")
@@ -87,16 +93,11 @@ def _jax_case(schedule: str) -> dict:
 def _torch_cases(schedules) -> list[dict]:
     """Every PyTorch case in this process, measured by :func:`parity.runners.torch_memory.measure_torch`
     (a CUDA model: the peak is ``torch.cuda.max_memory_allocated`` after a reset, per case)."""
-    import numpy as np
     import torch
 
-    from jaxremat.spec import parse_schedule
-    from jaxremat.models import init_params
     from torchref.model import GPT
     from torchref.render import model_loss
 
-    from parity.inputs.corpus import token_batch
-    from parity.inputs.presets import get_preset
     from parity.runners.torch_memory import measure_torch
 
     preset = get_preset("gpt-small")
@@ -118,7 +119,6 @@ def _torch_cases(schedules) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    from jaxremat.spec import DEFAULT_SCHEDULES
 
     p = argparse.ArgumentParser(prog="python -m parity.cases.gpu_pass", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("gpu-report"))
@@ -144,8 +144,6 @@ def main(argv=None) -> int:
         else:
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
     rows += _torch_cases(schedules)
-    from parity.report.environment import environment_info
-    from parity.report.files import atomic_write, json_text
 
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment_info(("torch",), "cuda")  # the JAX cases ran in subprocesses

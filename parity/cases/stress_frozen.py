@@ -16,6 +16,9 @@ Gradients are compared per trainable tensor and layer: keys ``name`` for whole t
 
 from __future__ import annotations
 
+# Deferred imports: JAX and PyTorch load only in their own runner function (a one-framework run never loads
+# the other).
+
 import numpy as np
 
 from jaxremat.models import TransformerConfig, param_shapes
@@ -24,6 +27,7 @@ from jaxremat.spec import Schedule
 from parity.inputs.train import AdamWConfig
 
 from parity.runners.result import RunResult
+import contextlib
 
 
 def frozen_layers(cfg: TransformerConfig) -> int:
@@ -160,6 +164,5 @@ def run_torch(cfg, params, tokens, schedule: Schedule, *, hparams: AdamWConfig) 
 
 
 def _null():
-    import contextlib
 
     return contextlib.nullcontext()

@@ -20,6 +20,9 @@ weights, and the state after training (running statistics and counters).
 
 from __future__ import annotations
 
+# Deferred imports: JAX/Flax and PyTorch load only in their own runner function (a one-framework run never
+# loads the other).
+
 import dataclasses
 import functools
 
@@ -28,6 +31,7 @@ import numpy as np
 from jaxremat.spec import Schedule
 
 from parity.runners.result import RunResult
+import contextlib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +153,6 @@ def _jax_programs(stack: UserStack, schedule: Schedule, jit: bool):
 
 
 def _null():
-    import contextlib
 
     return contextlib.nullcontext()
 

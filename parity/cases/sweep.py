@@ -28,6 +28,9 @@ schedules and policies at one depth.
 
 from __future__ import annotations
 
+# Deferred imports: JAX and PyTorch load only in their own measurement function (a one-framework sweep never
+# loads the other).
+
 import dataclasses
 import math
 import statistics
@@ -42,6 +45,7 @@ from jaxremat.spec.plan import RematPlan, parse_plan
 
 from parity.cases.record import overhead_range
 from parity.inputs.corpus import token_batch
+from jaxremat.spec import parse_schedule
 
 DEFAULT_DEPTHS = (4, 8, 16, 32, 64)
 DEFAULT_SCHEDULES = ("none", "full", "sqrt", "nested")
@@ -290,7 +294,6 @@ def slopes(cases: list[dict], depths) -> dict:
 
 def sqrt_reduction(cases: list[dict], cfg: TransformerConfig, B: int, T: int, depth: int) -> dict:
     """Peak-activation reduction ``none / sqrt`` at ``depth``: measured, per-layer model, unit model."""
-    from jaxremat.spec import parse_schedule
 
     none, sq = parse_schedule("none"), parse_schedule("sqrt")
     c_at = cfg.replace(n_layer=depth)

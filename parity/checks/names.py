@@ -16,7 +16,10 @@ Each framework has one documented reason to differ from the declaration:
 
 from __future__ import annotations
 
+# Deferred imports: the per-block measurement loads JAX or PyTorch only for the framework it measures.
+
 from jaxremat.spec.policies import Policy
+import contextlib
 
 NOT_READ_IN_BLOCK = frozenset({"mlp_out"})
 
@@ -37,7 +40,6 @@ def measured_names(framework: str, cfg, batch: int, seq: int, policy: Policy) ->
         for JAX, every non-argument residual must carry a name (an unnamed one is listed as None).
     """
     if framework == "jax":
-        import contextlib
 
         import jax
 

@@ -19,6 +19,8 @@ skipped, never as passed.
 
 from __future__ import annotations
 
+# Deferred imports: PyTorch and transformers load only when a peer check runs (an optional dependency).
+
 from pathlib import Path
 from typing import Optional
 
@@ -28,6 +30,7 @@ from jaxremat.models import TransformerConfig
 
 from parity.inputs.checkpoints import canonical_to_hf, hf_config_dict
 from parity.checks.compare import tolerance_for
+import contextlib
 
 
 def transformers_available() -> bool:
@@ -92,7 +95,6 @@ def peer_checks(cfg: TransformerConfig, params: dict, tokens: np.ndarray,
         list of dicts with ``check``, ``dtype``, ``max_rel_err`` (float or None), ``tolerance``,
         ``ok`` (True/False, or None when skipped) and ``note``.
     """
-    import contextlib
 
     import jax
     import jax.numpy as jnp

@@ -22,6 +22,8 @@ refuses what cannot fit, never what might.
 
 from __future__ import annotations
 
+# Deferred imports: JAX loads only when a device's memory is read, so --help and bad input answer without it.
+
 import math
 
 import numpy as np
@@ -30,6 +32,7 @@ from jaxremat.spec import parse_schedule
 from jaxremat.models import TransformerConfig, param_shapes
 
 from parity.report.environment import available_memory_bytes
+from jaxremat.models.gpt import activation as am
 
 HEADROOM = 0.9
 """Fraction of the available memory a run may plan to use."""
@@ -51,7 +54,6 @@ def parameter_count(cfg: TransformerConfig) -> int:
 
 def activation_bytes(framework: str, cfg: TransformerConfig, batch: int, seq: int) -> int:
     """Activation bytes of one step under ``none`` (per-layer model, or 16 residual streams per layer)."""
-    from jaxremat.models.gpt import activation as am
 
     try:
         return int(am.predict_peak_activation_bytes(framework, cfg.replace(dropout=0.0), batch, seq,

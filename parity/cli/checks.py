@@ -7,6 +7,8 @@ what is wrong and how to fix it; the commands print it and exit 2.
 
 from __future__ import annotations
 
+# Deferred imports: JAX loads only to check its platform, so --help and bad input answer without it.
+
 import os
 import re
 import signal

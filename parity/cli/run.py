@@ -8,6 +8,9 @@ cases are in the report). Every message is one line of plain text; docs/cli.md l
 
 from __future__ import annotations
 
+# Deferred imports: the suite (which loads JAX and PyTorch) loads only once the options are valid, so --help
+# and bad input answer in well under a second.
+
 import argparse
 import sys
 from pathlib import Path
@@ -18,6 +21,23 @@ from jaxremat.spec.policies import POLICY_NAMES
 
 from parity.cli.util import OneLineParser, ascii_int, split_list
 from parity.inputs.presets import PRESETS, get_preset
+from jaxremat.spec.plan import parse_plan
+from parity.cases.loop import FRAMEWORK_MODES
+from parity.checks.verdict import report_passed
+from parity.cli import checks as cc
+from parity.cli.budget import check_device_fits, check_fits, run_estimate
+from parity.cli.checks import check_jax_platform
+from parity.cli.checks import out_path, unique_items
+from parity.cli.sweep import add_parser as add_sweep_parser
+from parity.cli.sweep import cmd_sweep
+from parity.inputs.checkpoints import check_weights_file
+from parity.inputs.pretrained import checkpoint_preset
+from parity.report.environment import environment_info
+from parity.report.files import WriteError
+from parity.report.suite_report import REPORT_FILES, OutputDirError
+from parity.report.suite_report import print_tables, write_report
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 DEFAULT_MODEL = "gpt-small"
 
@@ -62,7 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="timed training steps per case, median reported (default: the model's, else 5)")
     run.add_argument("--seed", type=ascii_int, default=0, help="seed of the weights and token windows (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
-    from parity.cli.sweep import add_parser as add_sweep_parser
 
     add_sweep_parser(sub)
     return parser
@@ -70,9 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None]:
     """dtypes, frameworks and the user's plans (None: the suite's), each checked; raises ValueError."""
-    from jaxremat.spec.plan import parse_plan
-
-    from parity.cli.checks import out_path, unique_items
 
     args.out = out_path("--out", args.out)
     if args.model is not None and not args.model.strip():
@@ -105,10 +121,8 @@ def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | 
 
 def _preset(args, dtypes):
     """The model preset; a checkpoint's files are checked against its config.json first."""
-    from parity.inputs.checkpoints import check_weights_file
 
     if args.checkpoint is not None:
-        from parity.inputs.pretrained import checkpoint_preset
 
         preset = checkpoint_preset(args.checkpoint)
     else:
@@ -122,9 +136,6 @@ def _preset(args, dtypes):
 
 def _suite_from_args(args):
     """The :class:`parity.cases.suite.SuiteConfig` of the options, every check done before any work."""
-    from parity.cli.budget import check_device_fits, check_fits, run_estimate
-    from parity.cli.checks import check_jax_platform
-    from parity.cases.loop import FRAMEWORK_MODES
     from parity.cases.suite import SUITE_PLANS, SuiteConfig
 
     dtypes, frameworks, schedules = _options(args)
@@ -154,12 +165,6 @@ def _suite_from_args(args):
 
 def cmd_run(args) -> int:
     """``python -m parity run``: check everything, lock --out, run the suite, write the report."""
-    from rich.console import Console
-
-    from parity.cli import checks as cc
-    from parity.report.environment import environment_info
-    from parity.report.files import WriteError
-    from parity.report.suite_report import REPORT_FILES, OutputDirError
 
     console = Console(stderr=True, soft_wrap=True, highlight=False)
     try:
@@ -181,12 +186,8 @@ def cmd_run(args) -> int:
 
 
 def _run_locked(args, suite, console, kept, lock, env) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from parity.cli import checks as cc
-    from parity.report.suite_report import print_tables, write_report
     from parity.cases.suite import count_cases, run_suite
-    from parity.checks.verdict import report_passed
 
     if kept:
         cc.note(console, kept)
@@ -229,7 +230,6 @@ def main(argv=None) -> int:
     if args.command == "run":
         return cmd_run(args)
     if args.command == "sweep":
-        from parity.cli.sweep import cmd_sweep
 
         return cmd_sweep(args)
     parser.error(f"unknown command {args.command}")

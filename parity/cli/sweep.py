@@ -8,11 +8,26 @@ locked by another run, full disk); 130 interrupted (sweep.json holds the finishe
 
 from __future__ import annotations
 
+# Deferred imports: the sweep (which loads JAX and PyTorch) loads only once the options are valid, so --help
+# and bad input answer fast.
+
 import math
 
 from parity.cli.util import ascii_int
 from parity.cases.sweep import (DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SWEEP_SCHEMA_VERSION, SweepConfig,
                                 run_sweep)
+from jaxremat.spec.plan import parse_plan
+from parity.cases.sweep import SWEEP_CONFIG
+from parity.cli import checks as cc
+from parity.cli.budget import check_fits, run_estimate
+from parity.cli.checks import check_jax_platform
+from parity.cli.checks import out_path, plain_ints, unique_items
+from parity.report.environment import environment_info
+from parity.report.files import WriteError
+from parity.report.files import atomic_write, json_text
+from parity.report.suite_report import OutputDirError
+from rich.console import Console
+import dataclasses
 
 
 def add_parser(sub) -> None:
@@ -44,11 +59,6 @@ def sweep_from_args(args) -> SweepConfig:
     Every list is checked as ``run`` checks it (not empty, each item once, plans parsed), and the
     memory of the deepest case is estimated before any plan is resolved at a depth.
     """
-    from jaxremat.spec.plan import parse_plan
-
-    from parity.cli.budget import check_fits, run_estimate
-    from parity.cli.checks import out_path, plain_ints, unique_items
-    from parity.cases.sweep import SWEEP_CONFIG
 
     args.out = out_path("--out", args.out)
     depths = plain_ints("--depths", args.depths)
@@ -69,7 +79,6 @@ def sweep_from_args(args) -> SweepConfig:
                                  frameworks, (SWEEP_CONFIG.dtype,),
                                  kept_cases=0), f"the sweep's deepest case (N={deepest})")
     if "jax" in frameworks:
-        from parity.cli.checks import check_jax_platform
 
         check_jax_platform()
     return SweepConfig(depths=depths, plans=_with_none(plans), frameworks=frameworks,
@@ -78,7 +87,6 @@ def sweep_from_args(args) -> SweepConfig:
 
 
 def _with_none(plans) -> tuple[str, ...]:
-    from jaxremat.spec.plan import parse_plan
 
     return ("none", *(p for p in plans if parse_plan(p).name != "none"))
 
@@ -175,12 +183,6 @@ SWEEP_FILES = ("sweep.json", "sweep.md", "memory_vs_depth.png", "frontier.png", 
 
 def cmd_sweep(args) -> int:
     """Run the sweep and write its files; returns the exit code."""
-    from rich.console import Console
-
-    from parity.cli import checks as cc
-    from parity.report.environment import environment_info
-    from parity.report.files import WriteError
-    from parity.report.suite_report import OutputDirError
 
     console = Console(stderr=True, soft_wrap=True, highlight=False)
     try:
@@ -202,10 +204,7 @@ def cmd_sweep(args) -> int:
 
 
 def _sweep_locked(args, sweep: SweepConfig, console, kept, lock, env) -> int:
-    import dataclasses
 
-    from parity.cli import checks as cc
-    from parity.report.files import atomic_write, json_text
     from parity.report.plots import write_plots
 
     if kept:

@@ -31,6 +31,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from parity.checks.compare import EPS
+from parity.checks.compare import tolerance_for
 
 XLA_ISAS = ("SSE4_2", "AVX", "AVX2", "AVX512")
 ATEN_CAPABILITIES = ("default", "avx2", "avx512")
@@ -170,7 +173,6 @@ def rows(results: list[dict]):
     ``ok`` is judged against the current :data:`parity.checks.compare.TOLERANCES` (``tolerance_loss``,
     ``tolerance_grads``); ``ok_when_measured`` is the worker's verdict under the table it ran with.
     """
-    from parity.checks.compare import tolerance_for
 
     for r in results:
         for v in r["variants"]:
@@ -193,7 +195,6 @@ def summary(results: list[dict]) -> list[dict]:
     The bound is the current :data:`parity.checks.compare.TOLERANCES` entry, not the one recorded with
     the results (so a sweep measured before a change of the table shows the margins after it).
     """
-    from parity.checks.compare import EPS
 
     out = {}
     for row in rows(results):
@@ -259,7 +260,6 @@ def _run_all(jobs: list[tuple[Setting, str]], eager: bool, on_result) -> None:
     thread counts are fixed (each framework sizes its thread pool from them); two jobs sharing
     CPUs run slower but compute the same bits.
     """
-    from concurrent.futures import ThreadPoolExecutor
 
     cpus = sorted(os.sched_getaffinity(0))
     width = 2 if len(cpus) >= 2 else 1

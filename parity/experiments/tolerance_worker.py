@@ -18,6 +18,8 @@ every schedule byte for byte against ``none`` inside each framework under the sa
 
 from __future__ import annotations
 
+# Deferred imports: each worker process loads only the framework its setting runs.
+
 import glob
 import hashlib
 import json
@@ -31,13 +33,20 @@ import time
 import numpy as np
 
 from parity.runners.result import RunResult
+from jaxremat.spec import parse_schedule
+from jaxremat.spec.policies import parse_policy
+from parity.checks.compare import compare_bitwise
+from parity.checks.compare import cross_check
+from parity.inputs.presets import get_preset
+from parity.inputs.pretrained import preset_inputs
+from parity.inputs.train import AdamWConfig
+import contextlib
 
 VARIANTS = ("float32", "float64", "bfloat16")
 
 
 def variant_inputs(preset, variant: str, seed: int = 0):
     """``(cfg, params, tokens, tolerance dtype)`` of a sweep variant (dropout off: RNGs differ)."""
-    from parity.inputs.pretrained import preset_inputs
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
@@ -54,7 +63,6 @@ def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> RunRes
     (a :class:`parity.runners.result.RunResult` without training, memory or timing)."""
     import torch
 
-    from jaxremat.spec.policies import parse_policy
     from parity.runners.torch_runner import model_and_loss
 
     Model, loss_fn, _ = model_and_loss(cfg)
@@ -69,7 +77,6 @@ def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> RunRes
 
 def jax_loss_and_grads(cfg, params, tokens, schedule, mode: str = "jit") -> RunResult:
     """The loss and gradients of :func:`parity.runners.jax_runner.run_schedule` (no training run)."""
-    from parity.inputs.train import AdamWConfig
     from parity.runners import jax_runner
 
     return jax_runner.run_schedule(cfg, params, tokens, schedule, mode=mode, hparams=AdamWConfig(steps=1),
@@ -111,7 +118,6 @@ def digest(res: RunResult) -> str:
 
 
 def _bitwise(res: RunResult, ref: RunResult) -> dict:
-    from parity.checks.compare import compare_bitwise
 
     loss = compare_bitwise({"loss": res.loss}, {"loss": ref.loss})
     grads = compare_bitwise(res.grads, ref.grads)
@@ -121,8 +127,6 @@ def _bitwise(res: RunResult, ref: RunResult) -> dict:
 
 def _ynn_fusions(cfg, schedule, tokens) -> int:
     """How many YNNPACK fusions XLA made of the jitted loss+grad program (0: dots run on Eigen)."""
-    from parity.inputs.train import AdamWConfig
-    from jaxremat.spec.policies import parse_policy
     from parity.runners.jax_runner import compiled_value_and_grad
 
     tokens = np.asarray(tokens)
@@ -133,12 +137,9 @@ def _ynn_fusions(cfg, schedule, tokens) -> int:
 
 def run_variant(preset, variant: str, schedules, eager: bool) -> dict:
     """Cross-framework errors and within-framework bitwise checks of one variant (see module doc)."""
-    import contextlib
 
     import jax
 
-    from jaxremat.spec import parse_schedule
-    from parity.checks.compare import cross_check
     from parity.checks.loss_terms import loss_term_scale
 
     cfg, params, tokens, dtype = variant_inputs(preset, variant)
@@ -173,8 +174,6 @@ def run_variant(preset, variant: str, schedules, eager: bool) -> dict:
 def main(spec: dict) -> dict:
     """Run ``spec`` in this process (its environment already set); the result object."""
     import torch
-
-    from parity.inputs.presets import get_preset
 
     torch.set_num_threads(int(spec["threads"]))
     preset = get_preset(spec["model"])

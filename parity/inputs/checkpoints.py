@@ -24,6 +24,9 @@ dtypes that do not load exactly are each one ValueError naming the file, before 
 
 from __future__ import annotations
 
+# Deferred imports: safetensors (the optional minilm/dev extra) loads only when a checkpoint is read or
+# written.
+
 import json
 import re
 from pathlib import Path

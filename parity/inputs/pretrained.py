@@ -14,6 +14,7 @@ checkpoint's ``tokenizer.json`` (sentence pairs for BERT, corpus windows for GPT
 from __future__ import annotations
 
 import functools
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from jaxremat.models import TransformerConfig, get_model, init_params
 
 from parity.inputs.checkpoints import load_hf_checkpoint, read_config
 from parity.inputs.corpus import token_batch
+from parity.inputs.model_preset import ModelPreset
 from parity.inputs.sentences import load_tokenizer, sentence_batch, text_windows
 from parity.inputs.train import AdamWConfig
 
@@ -39,7 +41,6 @@ def minilm_dir() -> Path:
     Raises:
         ValueError: the package is not installed (the message gives :data:`MINILM_INSTALL`).
     """
-    from importlib import resources
 
     try:
         path = Path(str(resources.files(MINILM_PACKAGE))) / "model"
@@ -61,8 +62,6 @@ def checkpoint_preset(path, batch_size: int | None = None, seq_len: int | None =
         ValueError: the directory, its ``config.json`` or ``tokenizer.json`` is missing, unsupported
             or unreadable (the weights are checked by :func:`parity.inputs.checkpoints.check_weights_file`).
     """
-    from parity.inputs.presets import ModelPreset
-
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"checkpoint directory {path} does not exist (or is not a directory); it needs config.json, "

@@ -9,6 +9,8 @@ jitted program compiles once.
 
 from __future__ import annotations
 
+# Deferred imports: tokenizers (the optional minilm/dev extra) loads only when real text is tokenized.
+
 from importlib import resources
 from pathlib import Path
 

@@ -9,6 +9,9 @@ importing them), and the devices each framework of the run computes on (:func:`d
 
 from __future__ import annotations
 
+# Deferred imports: the frameworks are imported only to read their versions and devices, when a report is
+# written.
+
 import os
 import platform
 import sys

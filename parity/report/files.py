@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+# Deferred imports: fcntl is POSIX-only: imported where the lock is taken.
+
 import contextlib
 import errno
 import json

@@ -19,6 +19,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from parity.report.files import atomic_target
 
 _STYLE = {"jax": "-", "torch": "--"}
 
@@ -29,7 +30,6 @@ def _save(fig, path: Path) -> Path:
     Raises:
         parity.report.files.WriteError: the file could not be written; a previous plot there is kept.
     """
-    from parity.report.files import atomic_target
 
     try:
         fig.tight_layout()

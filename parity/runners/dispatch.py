@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+# Deferred imports: each runner module loads its framework: imported on first use, so a one-framework run
+# never loads the other.
+
 from jaxremat.spec.plan import RematPlan
 
 from parity.runners.result import RunResult

@@ -16,8 +16,8 @@ import torch
 from jaxremat.models import TransformerConfig, get_model
 from jaxremat.spec import Schedule
 from jaxremat.spec.policies import Policy, parse_policy
-from parity.inputs.train import AdamWConfig
 
+from parity.inputs.train import AdamWConfig
 from parity.runners.result import RunResult
 from parity.runners.torch_memory import measure_torch
 

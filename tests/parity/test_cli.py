@@ -52,7 +52,7 @@ def test_cli_run_writes_valid_report(tiny_report):
             assert c["weights_bitwise_equal"] is True and c["step_time_s"] > 0
         assert c["peak_bytes"] > 0 and c["saved_bytes"] > 0
         assert not {"residual_bytes", "residual_ratio"} & set(c) and "saved_ratio" in c  # one name per quantity
-        if c["schedule"] != "none":  # the reference is not judged against itself
+        if c["schedule"] != "none":  # none is the reference: it promises no saving and has no "saving" entry
             assert "residual_ratio" not in c["saving"] and "saved_ratio" in c["saving"]
     for x in report["cross_framework"]:
         assert REQUIRED_CROSS_KEYS <= set(x) and x["ok"], x

@@ -1,0 +1,140 @@
+"""Import hygiene of the three packages: no cycles, no private names across modules, imports at the top.
+
+Read from the source (``ast``), nothing imported: a module may import another module's public
+names only; module-level imports between the project's modules form no cycle; an import inside
+a function is allowed only when it defers a heavy framework (JAX, Flax, optax, PyTorch, Hugging
+Face libraries, matplotlib) or a project module that loads one at import time, and the module
+says why in a ``# Deferred imports:`` comment.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("jaxremat", "torchref", "parity")
+HEAVY = {"jax", "jaxlib", "flax", "optax", "torch", "transformers", "tokenizers", "safetensors", "matplotlib",
+         "psutil"}
+PLATFORM = {"fcntl", "msvcrt"}  # platform-specific: imported where used, so other platforms can import the module
+MARKER = "# Deferred imports:"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@lru_cache(maxsize=None)
+def _modules() -> dict[str, tuple[Path, ast.Module]]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            out[_module_name(path)] = (path, ast.parse(path.read_text(encoding="utf-8")))
+    return out
+
+
+def _imports(mod: str, path: Path, node) -> list[tuple[str, list[str]]]:
+    """``[(module imported, names taken from it)]`` of one import statement, relative imports resolved."""
+    if isinstance(node, ast.Import):
+        return [(a.name, []) for a in node.names]
+    base = node.module or ""
+    if node.level:
+        pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        pkg = pkg[:len(pkg) - node.level + 1]
+        base = ".".join(pkg + ([node.module] if node.module else []))
+    return [(base, [a.name for a in node.names])]
+
+
+def _project(name: str) -> str | None:
+    """The project module a dotted name lives in (longest known prefix), or None."""
+    mods = _modules()
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _top_level(tree: ast.Module):
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.If, ast.Try)):  # e.g. `if TYPE_CHECKING:` / try-import at module level
+            yield from (n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for mod, (path, tree) in _modules().items():
+        deps = set()
+        for node in _top_level(tree):
+            for base, names in _imports(mod, path, node):
+                for target in [base] + [f"{base}.{n}" for n in names]:
+                    dep = _project(target)
+                    if dep and dep != mod and not mod.startswith(dep + "."):
+                        deps.add(dep)
+        graph[mod] = deps
+    return graph
+
+
+@lru_cache(maxsize=None)
+def _loads_heavy(mod: str) -> bool:
+    """Whether importing project module ``mod`` loads a heavy framework (its top-level imports, transitively)."""
+    path, tree = _modules()[mod]
+    for node in _top_level(tree):
+        for base, names in _imports(mod, path, node):
+            if base.split(".")[0] in HEAVY:
+                return True
+            for target in [base] + [f"{base}.{n}" for n in names]:
+                dep = _project(target)
+                if dep and dep != mod and not mod.startswith(dep + ".") and _loads_heavy(dep):
+                    return True
+    return False
+
+
+def test_no_import_cycles():
+    graph, cycles = _graph(), []
+    state: dict[str, int] = {}
+
+    def visit(u, path):
+        state[u] = 1
+        for v in sorted(graph[u]):
+            if state.get(v) == 1:
+                cycles.append(" -> ".join(path[path.index(v):] + [v]))
+            elif v not in state:
+                visit(v, path + [v])
+        state[u] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "module-level import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_module_imports_another_modules_private_names():
+    bad = []
+    for mod, (path, tree) in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for base, names in _imports(mod, path, node):
+                    if _project(base) and _project(base) != mod:
+                        bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {base}.{n}" for n in names
+                                if n.startswith("_") and not n.startswith("__")]
+    assert not bad, "private names imported across modules:\n" + "\n".join(bad)
+
+
+def test_imports_inside_functions_only_defer_heavy_frameworks_and_say_so():
+    bad, unmarked = [], []
+    for mod, (path, tree) in _modules().items():
+        top = set(map(id, _top_level(tree)))
+        inner = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top]
+        for node in inner:
+            for base, names in _imports(mod, path, node):
+                heavy = base.split(".")[0] in HEAVY | PLATFORM or any(
+                    (dep := _project(t)) is not None and _loads_heavy(dep) for t in [base] + [f"{base}.{n}" for n in names])
+                if not heavy:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+        if inner and MARKER not in path.read_text(encoding="utf-8"):
+            unmarked.append(str(path.relative_to(ROOT)))
+    assert not bad, "imports inside functions that defer nothing heavy (move them to the top):\n" + "\n".join(bad)
+    assert not unmarked, f"modules with imports inside functions but no {MARKER!r} comment:\n" + "\n".join(unmarked)
