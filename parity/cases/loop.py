@@ -7,8 +7,12 @@ checked against the reference by the case set's ``check``. A case that raises is
 reference failed is an error too (nothing to compare against). After each case the callbacks
 see it (progress display, partial reports kept on Ctrl-C).
 
-Case sets (:mod:`parity.cases.suite`'s quick and full suites, :mod:`parity.cases.stress`) give the
-loop what differs between them: how a case is run, and what is checked.
+Case sets (:mod:`parity.cases.suite`'s quick and full suites, :mod:`parity.cases.stress`, the depth
+sweep's :class:`parity.cases.sweep.SweepCases`) give the loop what differs between them: how a case
+is run, and what is checked. A case set that measures rather than compares (the sweep) says so with
+two optional attributes: ``rerun_reference = False`` (no determinism re-run of ``none``) and
+``requires_reference = False`` (a plan still runs when ``none`` failed: at depth, ``none`` may be the
+case that does not fit in memory).
 """
 
 from __future__ import annotations
@@ -42,7 +46,12 @@ class Callbacks:
 
 
 class CaseSet(Protocol):
-    """What a case set gives :func:`run_cases` for one group of cases (one dtype, one variant...)."""
+    """What a case set gives :func:`run_cases` for one group of cases (one dtype, one variant, one depth...).
+
+    Optional attributes (read with defaults): ``rerun_reference`` (True: run ``none`` twice and pass
+    the second run to ``check`` as ``again``) and ``requires_reference`` (True: a plan whose ``none``
+    failed is an error; False: it runs, and ``check`` gets ``ref=None``).
+    """
 
     def new_case(self, framework: str, mode: str, name: str, plan: RematPlan) -> dict:
         """The case dict before it runs (``status: "error"`` until checked)."""
@@ -73,6 +82,8 @@ def run_cases(report: dict, plans: Iterable[tuple[str, RematPlan]], modes: Itera
         ``{(framework, mode, name): result}`` of every case that completed (for cross-framework rows).
     """
     plans = list(plans)
+    rerun = getattr(case_set, "rerun_reference", True)
+    requires = getattr(case_set, "requires_reference", True)
     results: dict[tuple[str, str, str], Any] = {}
     for framework, mode in modes:
         ref = None
@@ -82,14 +93,14 @@ def run_cases(report: dict, plans: Iterable[tuple[str, RematPlan]], modes: Itera
                 callbacks.on_start(case_set.label(framework, mode, name))
             t0 = time.perf_counter()
             try:
+                if name != "none" and ref is None and requires:
+                    raise RuntimeError("the no-remat reference case failed; nothing to compare against")
                 res = case_set.run(framework, mode, plan, again=False)
                 if name == "none":
                     ref = res
-                    again = case_set.run(framework, mode, plan, again=True)
+                    again = case_set.run(framework, mode, plan, again=True) if rerun else None
                     case_set.check(case, framework, mode, plan, res, ref, again)
-                    case["compared_with"] = REFERENCE_NOTE
-                elif ref is None:
-                    raise RuntimeError("the no-remat reference case failed; nothing to compare against")
+                    case["compared_with"] = REFERENCE_NOTE if rerun else None
                 else:
                     case_set.check(case, framework, mode, plan, res, ref, None)
                     case["compared_with"] = "none"

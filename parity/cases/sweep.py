@@ -1,6 +1,7 @@
 """Depth sweep: activation memory and step time against depth, per schedule, in both frameworks.
 
-``python -m parity sweep`` measures, for each depth N and each remat plan, in JAX and PyTorch,
+``python -m parity sweep`` measures, for each depth N and each remat plan, in JAX and PyTorch (one
+case set per depth, :class:`SweepCases`, run by the one case loop :func:`parity.cases.loop.run_cases`),
 through the runners' one measurement path per framework (:func:`parity.runners.jax_memory.measure_jax`,
 :func:`parity.runners.torch_memory.measure_torch`):
 
@@ -43,6 +44,7 @@ from jaxremat.models import TransformerConfig, init_params, param_shapes
 from jaxremat.models.gpt import activation as am
 from jaxremat.spec.plan import RematPlan, parse_plan
 
+from parity.cases.loop import Callbacks, run_cases
 from parity.cases.record import overhead_range
 from parity.inputs.corpus import token_batch
 from jaxremat.spec import parse_schedule
@@ -54,9 +56,9 @@ FRONTIER_PLANS = ("none", "full", "sqrt", "nested", "every_k(2)", "full+save_dot
 SWEEP_CONFIG = TransformerConfig(n_layer=4, d_model=32, n_head=2, d_ff=128, max_seq_len=32, vocab_size=256)
 GAP_LIMIT = 0.10
 """Predicted vs measured gaps above this fraction of the measurement are flagged."""
-SWEEP_SCHEMA_VERSION = 2
-"""sweep.json schema: 2 measures through the runners' one path per framework and adds ``peak_activation_source``
-and ``offloaded_bytes`` from it (docs/report-schema.md)."""
+SWEEP_SCHEMA_VERSION = 3
+"""sweep.json schema: 3 runs the cases in the one case loop (``status``, ``compared_with``); 2 measured through
+the runners' one path per framework (docs/report-schema.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,24 +215,49 @@ def gap(predicted: int | None, measured: int | None) -> float | None:
     return (predicted - measured) / measured
 
 
-def run_case(framework: str, cfg: TransformerConfig, tokens: np.ndarray, plan_text: str, repeats: int) -> dict:
-    """One measured case with its predictions and gaps (a failure is recorded, not raised)."""
-    plan = parse_plan(plan_text)
-    B, T = tokens.shape[0], tokens.shape[1] - 1
-    case = {"framework": framework, "plan": plan.name, "n_layer": cfg.n_layer, "error": None,
-            "unit_peak": peak_units(cfg.n_layer, plan.schedule), **_predictions(framework, cfg, B, T, plan)}
-    try:
+class SweepCases:
+    """The sweep's cases at one depth, as a case set of :func:`parity.cases.loop.run_cases`.
+
+    They are measured, not compared bitwise: no determinism re-run of ``none``
+    (``rerun_reference = False``), and a plan still runs when ``none`` failed
+    (``requires_reference = False``; at depth ``none`` may be the case that does not fit).
+    Each case holds its measurement (:func:`measure_jax` / :func:`measure_torch`), the per-layer
+    model's predictions and the gaps between them; ratios to ``none`` are attached after the loop.
+    """
+
+    rerun_reference = False
+    requires_reference = False
+
+    def __init__(self, cfg: TransformerConfig, tokens: np.ndarray, repeats: int, in_depth_sweep) -> None:
+        self.cfg, self.tokens, self.repeats = cfg, tokens, repeats
+        self.in_depth_sweep = in_depth_sweep  # plan name -> bool
+        self.B, self.T = tokens.shape[0], tokens.shape[1] - 1
+
+    def new_case(self, framework, mode, name, plan):
+        return {"framework": framework, "plan": plan.name, "n_layer": self.cfg.n_layer, "status": "error",
+                "error": None, "unit_peak": peak_units(self.cfg.n_layer, plan.schedule),
+                **_predictions(framework, self.cfg, self.B, self.T, plan),
+                "in_depth_sweep": self.in_depth_sweep(plan.name)}
+
+    def label(self, framework, mode, name):
+        return f"{framework} N={self.cfg.n_layer} {name}"
+
+    def run(self, framework, mode, plan, *, again):
         measure = measure_jax if framework == "jax" else measure_torch
-        case.update(measure(cfg, tokens, plan, repeats))
-    except Exception as exc:  # recorded; the sweep goes on
-        case["error"] = f"{type(exc).__name__}: {exc}"
-        return case
-    case["saved_gap"] = gap(case["predicted_saved_bytes"], case["saved_bytes"])
-    case["peak_gap"] = gap(case["predicted_peak_activation_bytes"], case["peak_activation_bytes"])
-    case["flags"] = [f"{what} predicted {g:+.0%} off the measurement" for what, g in
-                     (("saved bytes", case["saved_gap"]), ("peak activation bytes", case["peak_gap"]))
-                     if g is not None and abs(g) > GAP_LIMIT]
-    return case
+        return measure(self.cfg, self.tokens, plan, self.repeats)
+
+    def check(self, case, framework, mode, plan, res, ref, again):
+        case.update(res)
+        case["saved_gap"] = gap(case["predicted_saved_bytes"], case["saved_bytes"])
+        case["peak_gap"] = gap(case["predicted_peak_activation_bytes"], case["peak_activation_bytes"])
+        case["flags"] = [f"{what} predicted {g:+.0%} off the measurement" for what, g in
+                         (("saved bytes", case["saved_gap"]), ("peak activation bytes", case["peak_gap"]))
+                         if g is not None and abs(g) > GAP_LIMIT]
+        case["status"] = "measured"
+
+
+SWEEP_MODES = {"jax": ("jax", "jit"), "torch": ("torch", "eager")}
+"""The (framework, mode) each framework's sweep cases run in."""
 
 
 def fit_slope(depths, values) -> float | None:
@@ -342,20 +369,19 @@ def run_sweep(sweep: SweepConfig, on_case=None) -> dict:
     """
     tokens = _tokens(sweep)
     B, T = sweep.batch_size, sweep.seq_len
-    jobs = [(d, p) for d in sorted(set(sweep.depths)) for p in sweep.plans]
-    if sweep.frontier_depth is not None:
-        jobs += [(sweep.frontier_depth, p) for p in sweep.frontier_plans if (sweep.frontier_depth, p) not in jobs]
-    cases = []
-    for depth, plan in jobs:
-        cfg = sweep.config.replace(n_layer=depth)
-        for fw in sweep.frameworks:
-            t0 = time.perf_counter()
-            case = run_case(fw, cfg, tokens, plan, sweep.timing_repeats)
-            case["case_wall_s"] = time.perf_counter() - t0
-            case["in_depth_sweep"] = depth in sweep.depths and plan in sweep.plans
-            cases.append(case)
-            if on_case:
-                on_case(case)
+    depth_plans = [parse_plan(p).name for p in sweep.plans]
+    frontier_plans = [parse_plan(p).name for p in sweep.frontier_plans] if sweep.frontier_depth is not None else []
+    report: dict = {"cases": []}
+    modes = [SWEEP_MODES[fw] for fw in sweep.frameworks]
+    for depth in sorted(set(sweep.depths) | ({sweep.frontier_depth} if sweep.frontier_depth is not None else set())):
+        names = [*(depth_plans if depth in sweep.depths else []),
+                 *(frontier_plans if depth == sweep.frontier_depth else [])]
+        names = sorted(dict.fromkeys(names), key=lambda n: n != "none")  # each once, none first
+        in_sweep = (lambda n, d=depth: d in sweep.depths and n in depth_plans)
+        run_cases(report, [(n, parse_plan(n)) for n in names], modes,
+                  SweepCases(sweep.config.replace(n_layer=depth), tokens, sweep.timing_repeats, in_sweep),
+                  Callbacks(on_case=on_case))
+    cases = report["cases"]
     _attach_ratios(cases)
     _attach_survival(cases)
     depth_cases = [c for c in cases if c["in_depth_sweep"]]

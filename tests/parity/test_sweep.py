@@ -20,8 +20,9 @@ def report():
 
 def test_saved_bytes_equal_the_model_in_both_frameworks(report):
     cases = [c for c in report["cases"] if not c["error"]]
-    assert len(cases) == 8 and report["schema"] == SWEEP_SCHEMA_VERSION == 2
+    assert len(cases) == 8 and report["schema"] == SWEEP_SCHEMA_VERSION == 3
     for c in cases:
+        assert c["status"] == "measured" and c["compared_with"] == (None if c["plan"] == "none" else "none")
         assert c["saved_bytes"] == c["predicted_saved_bytes"], c
         assert c["peak_activation_bytes"] > 0 and c["step_time_s"] > 0 and c["peak_source"]
         assert c["peak_activation_source"] and c["offloaded_bytes"] == 0
@@ -62,6 +63,28 @@ def test_markdown_rows_keep_their_columns_with_an_odd_error(report):
     error_row = next(r for r in rows if "error: " in r)
     assert "second line" not in md and "a \\| b" in error_row
     assert error_row.replace("\\|", "").count("|") == header.count("|")
+
+
+def test_a_plan_is_measured_when_none_fails_at_its_depth(monkeypatch):
+    """The sweep is a case set of the one case loop that measures: none's failure is recorded, the rest run."""
+    from parity.cases import sweep as sweep_module
+
+    measured = sweep_module.measure_torch
+
+    def none_does_not_fit(cfg, tokens, plan, repeats):
+        if plan.name == "none" and cfg.n_layer == 2:
+            raise MemoryError("none does not fit at N=2")
+        return measured(cfg, tokens, plan, repeats)
+
+    monkeypatch.setattr(sweep_module, "measure_torch", none_does_not_fit)
+    got = run_sweep(SweepConfig(depths=(1, 2), plans=("none", "full"), frameworks=("torch",), config=TINY,
+                                batch_size=2, seq_len=8, frontier_depth=None, timing_repeats=1))
+    by = {(c["n_layer"], c["plan"]): c for c in got["cases"]}
+    assert [(c["n_layer"], c["plan"]) for c in got["cases"]] == [(1, "none"), (1, "full"), (2, "none"), (2, "full")]
+    assert by[2, "none"]["status"] == "error" and by[2, "none"]["error"] == "MemoryError: none does not fit at N=2"
+    assert by[2, "full"]["status"] == "measured" and by[2, "full"]["saved_bytes"] > 0
+    assert "time_overhead" not in by[2, "full"] and by[1, "full"]["time_overhead"] > 0
+    assert got["slopes"]["torch"]["none"]["depths"] == [1]
 
 
 def test_fit_slope():
