@@ -87,26 +87,38 @@ class _Programs:
         return apply(grads, opt_state, params)
 
 
-@functools.lru_cache(maxsize=64)
-def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, policy: Policy = SAVE_NOTHING) -> _Programs:
-    """Build (once per key) the loss+grad, AdamW update and reverse-loop functions."""
+@functools.lru_cache(maxsize=16)
+def _adamw(hparams: AdamWConfig):
+    """``(init, apply, apply_jit)`` of one AdamW update, shared by every schedule and model.
+
+    The update does not depend on the schedule, so one ``jax.jit`` object serves them all: it
+    compiles once per parameter shapes and dtype (not once per schedule), and every schedule's
+    training runs the same executable on its gradients.
+    """
     tx = optax.adamw(hparams.learning_rate, b1=hparams.b1, b2=hparams.b2, eps=hparams.eps,
                      weight_decay=hparams.weight_decay)
-
-    loss = objective(cfg)
-
-    def value_and_grad(params, tokens, key):
-        return jax.value_and_grad(loss)(params, tokens, cfg, schedule, key, policy=policy)
 
     def apply_adamw(grads, opt_state, params):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
+    return tx.init, apply_adamw, jax.jit(apply_adamw)
+
+
+@functools.lru_cache(maxsize=64)
+def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, policy: Policy = SAVE_NOTHING) -> _Programs:
+    """Build (once per key) the loss+grad and reverse-loop functions; the AdamW update is :func:`_adamw`'s."""
+    loss = objective(cfg)
+    init_opt, apply_adamw, apply_adamw_jit = _adamw(hparams)
+
+    def value_and_grad(params, tokens, key):
+        return jax.value_and_grad(loss)(params, tokens, cfg, schedule, key, policy=policy)
+
     def reverse_loop(params, tokens, key):
         return _reverse_loop_fn(cfg)(params, tokens, cfg, schedule, key)
 
-    return _Programs(value_and_grad, apply_adamw, reverse_loop, tx.init,
-                     jax.jit(value_and_grad), jax.jit(apply_adamw), jax.jit(reverse_loop))
+    return _Programs(value_and_grad, apply_adamw, reverse_loop, init_opt,
+                     jax.jit(value_and_grad), apply_adamw_jit, jax.jit(reverse_loop))
 
 
 @functools.lru_cache(maxsize=64)
