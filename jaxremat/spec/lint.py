@@ -59,7 +59,9 @@ def resolve_plan(schedule: Any, policy: Any = None) -> tuple[Any, Any]:
         if policy is not None and plan_wide:
             raise ValueError(f"plan {schedule.name!r} names a policy and policy={policy!r} was given too; "
                              "give the policy once (in the plan or as policy=)")
-        return schedule.schedule, None if schedule.policy.saves_nothing else schedule.policy
+        if schedule.policy.saves_nothing:
+            return schedule.schedule, policy
+        return schedule.schedule, schedule.policy
     if not hasattr(schedule, "segments_for"):
         raise ValueError(f"schedule must be a jaxremat.spec schedule, a name such as 'sqrt' or a plan such as "
                          f"'sqrt+save_dots'; got {type(schedule).__name__} (extra arguments for the blocks go after it)")
