@@ -213,6 +213,8 @@ def remat_scan(
 
 
 def _policy_name(policy: Any) -> str:
+    if isinstance(policy, str):
+        return policy
     return getattr(policy, "name", None) or getattr(policy, "__name__", None) or repr(policy)
 
 
