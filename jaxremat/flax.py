@@ -47,7 +47,7 @@ from .custom_vjp import check_custom_vjp_residuals
 from .flax_checks import (BUILD_HINT, LINEN_HINT, BlockContractError, check_carry, check_declared_shapes,
                           check_linen_shapes, check_one_layer, check_stacked)
 from .lint import check_plan, plan_checked
-from .policies import to_jax_policy
+from .policies import policy_name, to_jax_policy
 from .render import remat_scan
 from .spec.lint import resolve_plan
 from .spec.plan import check_default_policy
@@ -82,10 +82,6 @@ def resolve_policy(policy: Any) -> Callable[..., bool] | None:
         ValueError: unknown policy name (from ``jaxremat.policies.to_jax_policy``).
     """
     return to_jax_policy(policy)
-
-
-def _policy_name(policy: Any) -> str:
-    return getattr(policy, "name", None) or getattr(policy, "__name__", None) or str(policy)
 
 
 def _default_call(layer, carry, layer_xs):
@@ -161,7 +157,7 @@ def remat_stack(
         if n_xs != n_layer:
             raise ValueError(f"xs has leading axis {n_xs} but the stack has {n_layer} layers")
     segs = schedule.segments_for(n_layer)  # ValueError here, before tracing, when invalid for N
-    check_default_policy(segs, None if jax_policy is None else _policy_name(policy), "remat_stack")
+    check_default_policy(segs, None if jax_policy is None else policy_name(policy), "remat_stack")
     block_fn = _nnx_block_fn(graphdef, call)
     delta0 = jax.tree.map(lambda c: jnp.zeros(c.shape[1:], c.dtype), counts)
     first = lambda t: jax.tree.map(lambda a: a[0], t)
@@ -313,7 +309,7 @@ def linen_remat_stack(
     if xs is not None and check_stacked(xs, "xs", "give every per-layer input a leading axis N") != n_layer:
         raise ValueError(f"xs leading axis differs from the {n_layer} stacked layers")
     segs = schedule.segments_for(n_layer)
-    check_default_policy(segs, None if jax_policy is None else _policy_name(policy), "linen_remat_stack")
+    check_default_policy(segs, None if jax_policy is None else policy_name(policy), "linen_remat_stack")
     _check_linen_unstacked(block, variables, x, xs, rngs, apply_kwargs)
     layer_keys = {name: jax.random.split(k, n_layer) for name, k in (rngs or {}).items()}
     block_fn = _linen_block_fn(block, mutable, apply_kwargs)

@@ -39,7 +39,7 @@ import jax.extend
 from jax import lax
 
 from .custom_vjp import check_custom_vjp_residuals, custom_vjp_policy, save_custom_vjp_residuals
-from .policies import to_jax_policy
+from .policies import policy_name, to_jax_policy
 from .segment_vjp import remat_segments
 from .spec.plan import check_default_policy
 from .spec.schedules import Schedule, Segment, parse_schedule
@@ -200,7 +200,7 @@ def remat_scan(
     jax_policy = to_jax_policy(policy)
     n_layer = stack_depth(stacked_params, xs)
     segments = schedule.segments_for(n_layer)
-    check_default_policy(segments, None if jax_policy is None else _policy_name(policy), "remat_scan")
+    check_default_policy(segments, None if jax_policy is None else policy_name(policy), "remat_scan")
     save = check_custom_vjp_residuals(custom_vjp_residuals) == "save"
     if save:
         block_fn, jax_policy = save_custom_vjp_residuals(block_fn), custom_vjp_policy(jax_policy)
@@ -210,12 +210,6 @@ def remat_scan(
                        else jax_policy)
         return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs)
     return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of)
-
-
-def _policy_name(policy: Any) -> str:
-    if isinstance(policy, str):
-        return policy
-    return getattr(policy, "name", None) or getattr(policy, "__name__", None) or repr(policy)
 
 
 def _segment_policies(default: Callable | None, save_custom_vjp: bool) -> Callable[[Any], Callable | None]:
