@@ -47,9 +47,10 @@ from .custom_vjp import check_custom_vjp_residuals
 from .flax_checks import (BUILD_HINT, LINEN_HINT, BlockContractError, check_carry, check_declared_shapes,
                           check_linen_shapes, check_one_layer, check_stacked)
 from .lint import check_plan, plan_checked
-from .policies import to_jax_policy
+from .policies import policy_name, to_jax_policy
 from .render import remat_scan
 from .spec.lint import resolve_plan
+from .spec.plan import check_default_policy
 from .spec.schedules import Schedule
 
 __all__ = ["RematStack", "linen_init_stack", "linen_remat_stack", "remat_stack", "resolve_policy",
@@ -105,10 +106,13 @@ def remat_stack(
             block's constructor and ``nnx.split_rngs(splits=N)``.
         x: the carry entering layer 0, e.g. a ``(B, T, D)`` float array (any pytree).
         schedule: a :mod:`jaxremat.spec.schedules` value, its name (``"none"``, ``"full"``,
-            ``"every_k(2)"``, ``"sqrt"``, ``"segments(4)"``) or a plan ``"SCHEDULE+POLICY"``.
+            ``"every_k(2)"``, ``"sqrt"``, ``"segments(4)"``), a plan ``"SCHEDULE+POLICY"``, or a
+            segment plan ``"plan(3*2+save_dots,1+attention_only,4:store)"`` whose segments name
+            their own policies (:mod:`jaxremat.spec.segment_plan`).
         policy: what a checkpointed segment may keep besides its input: None (nothing), a
             ``jax.checkpoint_policies`` callable, or a policy name / spec policy (see
-            :func:`resolve_policy`).
+            :func:`resolve_policy`). For a segment plan, the default of the segments that name
+            no policy of their own (a segment's own policy wins).
         xs: optional per-layer inputs (pytree, leading axis N), e.g. your own dropout keys.
         call: ``(layer, carry, layer_xs) -> carry`` for one layer; default ``layer(carry)``, or
             ``layer(carry, layer_xs)`` when ``xs`` is given. Extra arguments for every layer
@@ -126,7 +130,9 @@ def remat_stack(
             the odd variables), or is one block, unstacked (a Flax layer holding a variable of the
             shape it declares for one layer, or a layer that fails on its slice while the whole
             stack runs as one block; :mod:`jaxremat.flax_checks`); the schedule is invalid for N
-            (e.g. ``segments(s)`` with s > N), or a policy is given twice (plan and ``policy=``);
+            (e.g. ``segments(s)`` with s > N, a segment plan whose lengths do not sum to N), or a
+            policy is given twice (plan and ``policy=``; for a segment plan: ``policy=`` keeps
+            something while every checkpointed segment names its own);
             a layer returns a carry of another shape or dtype; a layer writes a variable other
             than its RNG counters (e.g. BatchNorm running statistics: call it with
             ``use_running_average=True``), which a scanned pure layer cannot write back;
@@ -150,7 +156,8 @@ def remat_stack(
         n_xs = check_stacked(xs, "xs", "give every per-layer input a leading axis N")
         if n_xs != n_layer:
             raise ValueError(f"xs has leading axis {n_xs} but the stack has {n_layer} layers")
-    schedule.segments_for(n_layer)  # ValueError here, before tracing, when invalid for N
+    segs = schedule.segments_for(n_layer)  # ValueError here, before tracing, when invalid for N
+    check_default_policy(segs, None if jax_policy is None else policy_name(policy), "remat_stack")
     block_fn = _nnx_block_fn(graphdef, call)
     delta0 = jax.tree.map(lambda c: jnp.zeros(c.shape[1:], c.dtype), counts)
     first = lambda t: jax.tree.map(lambda a: a[0], t)
@@ -301,7 +308,8 @@ def linen_remat_stack(
     n_layer = check_stacked(variables, "variables", LINEN_HINT)
     if xs is not None and check_stacked(xs, "xs", "give every per-layer input a leading axis N") != n_layer:
         raise ValueError(f"xs leading axis differs from the {n_layer} stacked layers")
-    schedule.segments_for(n_layer)
+    segs = schedule.segments_for(n_layer)
+    check_default_policy(segs, None if jax_policy is None else policy_name(policy), "linen_remat_stack")
     _check_linen_unstacked(block, variables, x, xs, rngs, apply_kwargs)
     layer_keys = {name: jax.random.split(k, n_layer) for name, k in (rngs or {}).items()}
     block_fn = _linen_block_fn(block, mutable, apply_kwargs)

@@ -170,6 +170,45 @@ def _nothing_kept(where: str, name: str, spec: Policy | None, dots: list, batche
             "batched products too), or tag values with " + HOW_TO_TAG)
 
 
+def _block_jaxpr_once(block_fn, stacked_params, carry, xs, with_outputs, method) -> Callable[[], Any]:
+    """``() -> (jaxpr, batched)`` traced on first call, or None when tracing fails (best effort)."""
+    memo: list = []
+
+    def get():
+        if not memo:
+            try:
+                memo.append(block_jaxpr(block_fn, stacked_params, carry, xs, with_outputs, method))
+            except Exception:  # best effort: the stack's own run raises what is wrong
+                memo.append(None)
+        return memo[0]
+
+    return get
+
+
+def _policy_messages(policy: Any, schedule: Any, n_layer: int, where: str, jaxpr_of: Callable,
+                     no_effect: bool) -> list[str]:
+    """The lint's messages for one policy (``no_effect``: also check that the schedule checkpoints)."""
+    jax_policy = to_jax_policy(policy)
+    spec = None if callable(policy) and not isinstance(policy, Policy) else parse_policy(policy)
+    if jax_policy is None or jax_policy is jax.checkpoint_policies.nothing_saveable:
+        return []
+    name = spec.name if spec is not None else getattr(policy, "__name__", repr(policy))
+    message = no_effect_message(schedule, spec or policy, n_layer, where) if no_effect else None
+    if message:
+        return [message]
+    traced = jaxpr_of()
+    if traced is None:
+        return []
+    jaxpr, batched = traced
+    tags, saves, dots = _findings(jaxpr, jax_policy)
+    missing = sorted((spec.save_names | spec.offload_names) - tags) if spec is not None else []
+    if missing:
+        return [unmatched_message(where, name, missing, saves, HOW_TO_TAG)]
+    if not saves:
+        return [_nothing_kept(where, name, spec, dots, batched)]
+    return []
+
+
 def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: Any, *, xs: Any = None,
                policy: Any = None, with_outputs: bool = False, where: str = "remat_scan",
                method: str = "reverse_loop") -> list[str]:
@@ -182,7 +221,8 @@ def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: An
         schedule: a :mod:`jaxremat.spec.schedules` value.
         xs: optional per-layer inputs (leading axis N).
         policy: None, a policy name, a :class:`jaxremat.spec.policies.Policy` or a raw
-            ``jax.checkpoint`` policy callable.
+            ``jax.checkpoint`` policy callable. For a segment plan, every policy its checkpointed
+            segments name is checked, and ``policy`` where a segment names none.
         with_outputs: ``block_fn`` returns ``(carry, y)`` (as in ``remat_scan``).
         where: the API named in the messages.
         method: the ``remat_scan`` rendering the stack runs with (see :func:`block_jaxpr`).
@@ -194,27 +234,20 @@ def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: An
     Raises:
         ValueError: an unknown policy or activation name (from :func:`jaxremat.policies.to_jax_policy`).
     """
-    if getattr(_state, "checked", False) or policy is None:
+    if getattr(_state, "checked", False):
         return []
-    jax_policy = to_jax_policy(policy)
-    spec = None if callable(policy) and not isinstance(policy, Policy) else parse_policy(policy)
-    if jax_policy is None or jax_policy is jax.checkpoint_policies.nothing_saveable:
-        return []
-    name = spec.name if spec is not None else getattr(policy, "__name__", repr(policy))
     n_layer = jax.tree_util.tree_leaves(stacked_params)[0].shape[0]
-    message = no_effect_message(schedule, spec or policy, n_layer, where)
-    messages = [message] if message else []
-    if not messages:
-        try:
-            jaxpr, batched = block_jaxpr(block_fn, stacked_params, carry, xs, with_outputs, method)
-        except Exception:  # best effort: the stack's own run raises what is wrong
-            return []
-        tags, saves, dots = _findings(jaxpr, jax_policy)
-        missing = sorted((spec.save_names | spec.offload_names) - tags) if spec is not None else []
-        if missing:
-            messages.append(unmatched_message(where, name, missing, saves, HOW_TO_TAG))
-        elif not saves:
-            messages.append(_nothing_kept(where, name, spec, dots, batched))
+    segs = schedule.segments_for(n_layer)
+    own = []  # a segment plan's own policies, each once, then the default where a segment names none
+    for seg in segs:
+        if seg.checkpointed and seg.policy is not None and seg.policy not in own:
+            own.append(seg.policy)
+    if own and policy is not None and any(s.checkpointed and s.policy is None for s in segs):
+        own.append(policy)
+    jaxpr_of = _block_jaxpr_once(block_fn, stacked_params, carry, xs, with_outputs, method)
+    messages = []
+    for p in own or ([policy] if policy is not None else []):
+        messages += _policy_messages(p, schedule, n_layer, where, jaxpr_of, no_effect=not own)
     for m in messages:
         warnings.warn(m, RematPolicyWarning, stacklevel=3)
     return messages

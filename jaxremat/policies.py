@@ -24,6 +24,13 @@ OFFLOAD_SRC = "device"
 OFFLOAD_DST = "pinned_host"
 
 
+def policy_name(policy: "str | Policy | Callable") -> str:
+    """A policy's name for messages: a name as given, a spec policy's ``name``, a callable's ``__name__``."""
+    if isinstance(policy, str):
+        return policy
+    return getattr(policy, "name", None) or getattr(policy, "__name__", None) or repr(policy)
+
+
 def to_jax_policy(policy: "str | Policy | Callable | None") -> "Callable | None":
     """A ``jax.checkpoint`` policy for a spec policy, a policy name, or a raw JAX policy.
 

@@ -39,8 +39,9 @@ import jax.extend
 from jax import lax
 
 from .custom_vjp import check_custom_vjp_residuals, custom_vjp_policy, save_custom_vjp_residuals
-from .policies import to_jax_policy
+from .policies import policy_name, to_jax_policy
 from .segment_vjp import remat_segments
+from .spec.plan import check_default_policy
 from .spec.schedules import Schedule, Segment, parse_schedule
 
 __all__ = ["METHODS", "ScanGroup", "plan_groups", "remat_scan", "stack_depth"]
@@ -60,10 +61,14 @@ class ScanGroup:
     n_seg: int
     checkpointed: bool
     inner: Any = None
+    policy: Any = None
 
 
 def plan_groups(segments: tuple[Segment, ...]) -> tuple[ScanGroup, ...]:
-    """Group consecutive segments with equal length and equal ``checkpointed`` flag.
+    """Group consecutive segments with equal length, ``checkpointed`` flag, inner schedule and policy.
+
+    ``policy`` is the segment's own :class:`jaxremat.spec.policies.Policy` (segment plans), None
+    where it follows the renderer's ``policy=``.
 
     Example: ``every_k(2)`` at N=5 -> ``(ScanGroup(0, 4, 2, 2, True), ScanGroup(4, 5, 1, 1, True))``.
 
@@ -80,10 +85,10 @@ def plan_groups(segments: tuple[Segment, ...]) -> tuple[ScanGroup, ...]:
         expect = seg.stop
         last = groups[-1] if groups else None
         if (last is not None and last.k == seg.length and last.checkpointed == seg.checkpointed
-                and last.inner == seg.inner):
+                and last.inner == seg.inner and last.policy == seg.policy):
             groups[-1] = dataclasses.replace(last, stop=seg.stop, n_seg=last.n_seg + 1)
         else:
-            groups.append(ScanGroup(seg.start, seg.stop, seg.length, 1, seg.checkpointed, seg.inner))
+            groups.append(ScanGroup(seg.start, seg.stop, seg.length, 1, seg.checkpointed, seg.inner, seg.policy))
     return tuple(groups)
 
 
@@ -147,14 +152,16 @@ def remat_scan(
         stacked_params: pytree of arrays with a common leading layer axis N.
         carry: pytree threaded through the layers (e.g. the (B, T, D) residual stream).
         schedule: a :mod:`jaxremat.spec.schedules` value or its name (``"sqrt"``,
-            ``"every_k(2)"``, ``"nested(sqrt,sqrt)"``), resolved with ``segments_for(N)``.
+            ``"every_k(2)"``, ``"nested(sqrt,sqrt)"``, a segment plan
+            ``"plan(3*2+save_dots,1+attention_only,4:store)"``), resolved with ``segments_for(N)``.
         xs: optional extra per-layer pytree with leading axis N (e.g. (N,) dropout keys); the
             same slice is fed to the recompute, so random masks are reproduced exactly.
         policy: what a checkpointed segment keeps inside itself: a policy name or
             :class:`jaxremat.spec.policies.Policy` (rendered by
             :func:`jaxremat.policies.to_jax_policy`), a raw ``jax.checkpoint`` policy, or None
             (keep nothing). For nested schedules it applies to the inner segments; an outer
-            segment keeps only its input.
+            segment keeps only its input. For a segment plan it is the default of the segments
+            that name no policy of their own; a segment's own policy wins (rendered the same way).
         with_outputs: if True, ``block_fn`` returns ``(carry, y)`` and the result is
             ``(carry, ys)``, the ``y`` of every layer stacked on a leading axis N in layer order
             (as ``lax.scan``'s ``ys``). Each layer's ``y`` comes out once, from the forward pass:
@@ -176,7 +183,10 @@ def remat_scan(
     Raises:
         ValueError: leaves of ``stacked_params``/``xs`` disagree on N, an unknown schedule name
             or ``method``, or the schedule is invalid for depth N (e.g. ``segments(s)`` with
-            ``s > N``), or ``custom_vjp_residuals`` is not ``"recompute"`` or ``"save"``.
+            ``s > N``, a segment plan whose lengths do not sum to N), ``custom_vjp_residuals`` is
+            not ``"recompute"`` or ``"save"``, or a ``policy`` that keeps something while every
+            checkpointed segment of a segment plan names its own
+            (:func:`jaxremat.spec.plan.check_default_policy`).
 
     Warns:
         RematPolicyWarning: ``custom_vjp_residuals="save"`` on a block with no ``jax.custom_vjp`` op.
@@ -188,13 +198,35 @@ def remat_scan(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     schedule = parse_schedule(schedule) if isinstance(schedule, str) else schedule
     jax_policy = to_jax_policy(policy)
-    if check_custom_vjp_residuals(custom_vjp_residuals) == "save":
-        block_fn, jax_policy = save_custom_vjp_residuals(block_fn), custom_vjp_policy(jax_policy)
     n_layer = stack_depth(stacked_params, xs)
     segments = schedule.segments_for(n_layer)
+    check_default_policy(segments, None if jax_policy is None else policy_name(policy), "remat_scan")
+    save = check_custom_vjp_residuals(custom_vjp_residuals) == "save"
+    if save:
+        block_fn, jax_policy = save_custom_vjp_residuals(block_fn), custom_vjp_policy(jax_policy)
+    policy_of = _segment_policies(jax_policy, save)
     if method == "reverse_loop":
-        return _reverse_loop(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs)
-    return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs)
+        per_segment = (tuple(policy_of(s.policy) for s in segments) if any(s.policy is not None for s in segments)
+                       else jax_policy)
+        return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs)
+    return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of)
+
+
+def _segment_policies(default: Callable | None, save_custom_vjp: bool) -> Callable[[Any], Callable | None]:
+    """``policy_of(spec_policy)``: the ``jax.checkpoint`` policy of a segment that names ``spec_policy``
+    (its own, from a segment plan), or ``default`` for None. One callable per distinct policy, so that
+    segments naming equal policies group together."""
+    cache: dict = {}
+
+    def policy_of(spec_policy):
+        if spec_policy is None:
+            return default
+        if spec_policy not in cache:
+            p = to_jax_policy(spec_policy)
+            cache[spec_policy] = custom_vjp_policy(p) if save_custom_vjp else p
+        return cache[spec_policy]
+
+    return policy_of
 
 
 def _reverse_loop(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs):
@@ -231,8 +263,13 @@ def _closure_convert(layer, stacked_params, carry, xs):
     return fn, list(closed.consts)
 
 
-def _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs):
-    """``method="checkpoint"``: ``jax.checkpoint`` around nested scans (JAX's own remat)."""
+def _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of=None):
+    """``method="checkpoint"``: ``jax.checkpoint`` around nested scans (JAX's own remat).
+
+    ``policy_of(group.policy)`` is a group's ``jax.checkpoint`` policy (its own, for a segment
+    plan's segments); ``jax_policy`` that of groups naming none and of nested inner segments.
+    """
+    policy_of = policy_of or (lambda spec_policy: jax_policy)
     groups = plan_groups(segments)
     param_parts = _split_groups(stacked_params, groups)
     xs_parts = _split_groups(xs, groups) if xs is not None else [None] * len(groups)
@@ -247,7 +284,7 @@ def _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, 
 
     def segment_step_for(g: ScanGroup):
         if g.inner is None:
-            body = jax.checkpoint(run_segment, policy=jax_policy, prevent_cse=False)
+            body = jax.checkpoint(run_segment, policy=policy_of(g.policy), prevent_cse=False)
         else:  # nested: the outer segment keeps its input only; its recompute runs the inner schedule
             def run_inner(c, seg_params, seg_xs):
                 out = remat_scan(block_fn, seg_params, c, g.inner, xs=seg_xs, policy=jax_policy,
@@ -262,7 +299,7 @@ def _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, 
         if g.checkpointed and g.k == 1 and g.inner is None:
             # One-layer segments: checkpoint the layer in a scan over the layers. A (n_seg, 1, ...)
             # view would give XLA a unit axis whose layout it changes with a copy of the parameters.
-            body = jax.checkpoint(lambda c, layer: layer_step(c, layer), policy=jax_policy, prevent_cse=False)
+            body = jax.checkpoint(lambda c, layer: layer_step(c, layer), policy=policy_of(g.policy), prevent_cse=False)
             carry, ys = lax.scan(body, carry, (p, x))
         elif g.checkpointed:
             carry, ys = lax.scan(segment_step_for(g), carry, (_segment_major(p, g), _segment_major(x, g)))

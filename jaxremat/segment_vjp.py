@@ -26,7 +26,9 @@ reaches its segment.
 Policies. A checkpointed segment with a ``jax.checkpoint`` policy is differentiated by JAX itself,
 ``jax.vjp(jax.checkpoint(segment, policy=policy))`` over that segment's k-layer parameter slice,
 so every policy (names, dots, offload) keeps exactly what JAX's remat keeps; the price is that
-slice and its gradient slice in temp memory while the segment runs.
+slice and its gradient slice in temp memory while the segment runs. A segment plan
+(:class:`jaxremat.spec.segment_plan.SegmentPlan`) gives each segment its own policy: segments run
+as groups of equal length, kind and policy, each group under its own.
 
 Bits. The per-layer pullbacks are the same functions in a plain segment's forward and in a
 checkpointed segment's recompute, and gradients of closed-over arrays (``consts``) are summed in
@@ -41,7 +43,7 @@ Reverse over reverse (``grad`` of ``grad``) works.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -213,16 +215,18 @@ class _Group:
     n_seg: int
     checkpointed: bool
     inner: Any
+    policy: Any = None
 
 
-def _groups(segments) -> list[_Group]:
+def _groups(segments, policies) -> list[_Group]:
+    """Runs of equal segments; ``policies`` holds each segment's ``jax.checkpoint`` policy (compared by identity)."""
     out: list[_Group] = []
-    for s in segments:
+    for s, p in zip(segments, policies):
         last = out[-1] if out else None
-        if last and (last.k, last.checkpointed, last.inner) == (s.length, s.checkpointed, s.inner):
+        if last and (last.k, last.checkpointed, last.inner) == (s.length, s.checkpointed, s.inner) and last.policy is p:
             out[-1] = dataclasses.replace(last, n_seg=last.n_seg + 1)
         else:
-            out.append(_Group(s.start, s.length, 1, s.checkpointed, s.inner))
+            out.append(_Group(s.start, s.length, 1, s.checkpointed, s.inner, p))
     return out
 
 
@@ -252,25 +256,31 @@ class _Stack:
         sl = lambda t: _tree.tree_map(lambda a: lax.dynamic_slice_in_dim(a, start, k, 0), t)
         return sl(self.params), sl(self.xs)
 
-    def _segment_fn(self):
+    def _segment_fn(self, policy):
         def segment(chunk, c, xs_chunk, consts):
             return lax.scan(lambda c, layer: self.fn(layer[0], c, layer[1], consts), c, (chunk, xs_chunk))
-        return jax.checkpoint(segment, policy=self.policy, prevent_cse=False)
+        return jax.checkpoint(segment, policy=policy, prevent_cse=False)
 
-    def forward(self, segments, base, c):
-        """Forward over ``segments`` (starts relative to ``base``): (carry, ys, residuals, metas)."""
+    def _policies(self, segments, policies):
+        return [self.policy] * len(segments) if policies is None else list(policies)
+
+    def forward(self, segments, base, c, policies=None):
+        """Forward over ``segments`` (starts relative to ``base``): (carry, ys, residuals, metas).
+
+        ``policies``: one ``jax.checkpoint`` policy per segment (segment plans), else the stack's.
+        """
         residuals, metas, ys_parts = [], [], []
-        for g in _groups(segments):
+        for g in _groups(segments, self._policies(segments, policies)):
             a, meta = base + g.start, _Pullback()
             if not g.checkpointed:
                 def step(c, i, a=a, meta=meta):
                     c, y, kept = _vjp(self.fn, meta, _take(self.params, a + i), c, _take(self.xs, a + i), self.consts)
                     return c, (y, kept)
                 c, (ys, res) = _scan(step, c, g.n_seg * g.k)
-            elif g.inner is None and self.policy is not None:
+            elif g.inner is None and g.policy is not None:
                 def step(c, s, a=a, g=g, meta=meta):
                     chunk, xs_chunk = self._chunk(a + s * g.k, g.k)
-                    c, ys, kept = _vjp(self._segment_fn(), meta, chunk, c, xs_chunk, self.consts)
+                    c, ys, kept = _vjp(self._segment_fn(g.policy), meta, chunk, c, xs_chunk, self.consts)
                     return c, (ys, kept)
                 c, (ys, res) = _scan(step, c, g.n_seg)
                 ys = _flat_ys(ys, g.n_seg, g.k)
@@ -304,9 +314,10 @@ class _Stack:
         return (_ct_slots(dc, self.carry_template), _put(gp, _ct_slots(dp, self.params), j, k),
                 _put(gx, _ct_slots(dx, self.xs), j, k), gk)
 
-    def backward(self, segments, base, residuals, metas, state):
+    def backward(self, segments, base, residuals, metas, state, policies=None):
         """Pull ``state`` back through ``segments`` (starts relative to ``base``) in reverse."""
-        for g, res, meta in reversed(list(zip(_groups(segments), residuals, metas))):
+        groups = _groups(segments, self._policies(segments, policies))
+        for g, res, meta in reversed(list(zip(groups, residuals, metas))):
             a = base + g.start
             if not g.checkpointed:
                 def compute(i, ct_c, a=a, res=res, meta=meta):
@@ -314,7 +325,7 @@ class _Stack:
                     return _rebuild(meta, _take(res, i), p, x, self.consts)(self._ct_out(ct_c, a + i))
                 state = _reverse(compute, lambda st, grads, i, a=a: self._accumulate(st, grads, a + i),
                                  state, g.n_seg * g.k)
-            elif g.inner is None and self.policy is not None:
+            elif g.inner is None and g.policy is not None:
                 def compute(s, ct_c, a=a, g=g, res=res, meta=meta):
                     start = a + s * g.k
                     kept = _after(_take(res, s), ct_c)  # JAX's own remat: recompute what the policy did not keep
@@ -349,7 +360,7 @@ class _Stack:
 
 
 def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list, segments: tuple[Segment, ...],
-                   policy: Callable | None) -> tuple[Any, Any]:
+                   policy: "Callable | None | Sequence[Callable | None]") -> tuple[Any, Any]:
     """Run ``fn`` over the stacked layers under ``segments``, differentiated by the reverse segment loop.
 
     Args:
@@ -362,7 +373,12 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         consts: list of arrays every layer reads (differentiated; their gradient sums the layers').
         segments: contiguous segments covering ``[0, N)`` (``Schedule.segments_for(N)``).
         policy: ``jax.checkpoint`` policy of the checkpointed segments (None keeps nothing; for
-            ``nested`` it applies to the inner segments).
+            ``nested`` it applies to the inner segments), or a tuple or list of them, one per
+            segment in ``segments`` (a segment plan's per-segment policies; equal entries must be
+            the same object for their segments to run as one group).
+
+    Raises:
+        ValueError: a per-segment ``policy`` of another length than ``segments``.
 
     Returns:
         ``(carry, ys)``: the carry after layer N-1 and the stacked ``y`` s (None if ``fn`` gives None).
@@ -370,6 +386,12 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
     Source: Chen et al. 2016, arXiv:1604.06174 (Algorithm 1); ``jax.custom_vjp``, ``jax.vjp``.
     """
     n_layer = sum(s.length for s in segments)
+    per_segment = None
+    if isinstance(policy, (tuple, list)):
+        if len(policy) != len(segments):
+            raise ValueError(f"remat_segments: {len(policy)} per-segment policies for {len(segments)} segments; "
+                             "give one per segment, or one policy for all")
+        per_segment, policy = tuple(policy), None
     carry_template = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), carry)
     metas_of_fwd: list = []
 
@@ -378,7 +400,8 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         return _Stack(fn, params, xs, consts, policy, carry_template).plain(0, n_layer, carry)
 
     def run_fwd(params, carry, xs, consts):
-        c, ys, residuals, metas = _Stack(fn, params, xs, consts, policy, carry_template).forward(segments, 0, carry)
+        c, ys, residuals, metas = _Stack(fn, params, xs, consts, policy, carry_template).forward(
+            segments, 0, carry, per_segment)
         metas_of_fwd[:] = [metas]
         return (c, ys), (params, xs, consts, residuals)
 
@@ -387,7 +410,7 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         ct_c, ct_ys = ct
         stack = _Stack(fn, params, xs, consts, policy, carry_template, ct_ys=ct_ys)
         state = (_ct_slots(ct_c, carry_template), _zeros(params), _zeros(xs), _zeros(consts))
-        ct_c, gp, gx, gk = stack.backward(segments, 0, residuals, metas_of_fwd[0], state)
+        ct_c, gp, gx, gk = stack.backward(segments, 0, residuals, metas_of_fwd[0], state, per_segment)
         unflat = lambda tree, slots: _tree.tree_unflatten(_tree.tree_structure(tree), slots)
         return unflat(params, gp), unflat(carry_template, ct_c), unflat(xs, gx), list(gk)
 

@@ -212,6 +212,20 @@ class SelectiveCheckpoint:
         self._offload_next = False
         self.start_lint()
 
+    def with_policy(self, policy: "Policy | str") -> "SelectiveCheckpoint":
+        """A SelectiveCheckpoint for ``policy`` that records into this one's :attr:`records`.
+
+        A segment plan's segments each follow their own policy; the renderer gives each its own
+        context from the one the caller passed, so :meth:`kept_bytes`, :meth:`offloaded_bytes` and
+        :attr:`records` of the caller's object cover every segment.
+
+        Raises:
+            ValueError: as the constructor.
+        """
+        child = SelectiveCheckpoint(policy, record=self.record)
+        child.records = self.records
+        return child
+
     def start_lint(self) -> None:
         """Reset what :func:`torchref.lint.check_selective` reads: regions seen, ops saved."""
         self.lint_seen: set[str] = set()

@@ -31,6 +31,12 @@ segment in the backward pass); docs/framework-differences.md, section 10.
 
 Blocks may be modules or callables over modules, with extra arguments given to every block
 (:func:`forward_blocks`); a plan may be given as a string ``"SCHEDULE+POLICY"``.
+
+Segment plans (``plan(3*2+save_dots,1+attention_only,4:store)``,
+:mod:`jaxremat.spec.segment_plan`): each checkpointed segment runs under its own
+:class:`torchref.policies.SelectiveCheckpoint`, made from the one passed as ``policy=`` with
+:meth:`~torchref.policies.SelectiveCheckpoint.with_policy` (so the caller's object records what
+every segment cached); segments that name no policy follow ``policy=``.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential, set_checkp
 
 from jaxremat.spec import Schedule, Segments, Sqrt
 from jaxremat.spec.lint import resolve_plan
+from jaxremat.spec.plan import check_default_policy
 from jaxremat.spec.policies import Policy
 
 from .forward_state import ForwardState
@@ -147,13 +154,16 @@ def forward_blocks(
         x: input of the first block.
         schedule: a :mod:`jaxremat.spec.schedules` value, its name (``"sqrt"``, ``"every_k(2)"``)
             or a plan ``"SCHEDULE+POLICY"`` (``"full+save_dots"``); nested schedules recompute each
-            checkpointed outer segment under the inner schedule (nested non-reentrant checkpoints).
+            checkpointed outer segment under the inner schedule (nested non-reentrant checkpoints);
+            a segment plan (``"plan(3*2+save_dots,4:store)"``) gives each segment its own policy.
         *block_args: extra positional arguments given to every block after ``x`` (e.g. a
             ``(B, T)`` attention mask); tensors among them get their gradients as without remat.
         policy: what checkpointed segments keep inside (a policy name, a
             :class:`jaxremat.spec.policies.Policy`, or a :class:`torchref.policies.SelectiveCheckpoint`
             to read its records); None keeps nothing. For nested schedules it applies to the inner
-            segments only.
+            segments only. For a segment plan it is the default of the segments that name no
+            policy of their own (a segment's own policy wins); a SelectiveCheckpoint passed here
+            records every segment's cached outputs.
         on_checkpoint_input: called with the input tensor of each (outer) checkpointed segment,
             once, during this forward pass (e.g.
             :meth:`torchref.memory.SavedActivationRecorder.record_boundary`).
@@ -165,7 +175,9 @@ def forward_blocks(
     Raises:
         ValueError: the schedule is invalid for ``len(blocks)`` (e.g. ``segments(s)`` with s > N),
             is not a schedule (a tensor in its place), the policy is unknown, given twice (in the
-            plan and as ``policy=``) or cannot be rendered in PyTorch.
+            plan and as ``policy=``) or cannot be rendered in PyTorch, or keeps something while
+            every checkpointed segment of a segment plan names its own
+            (:func:`jaxremat.spec.plan.check_default_policy`).
         torchref.forward_state.StateWriteError: a block given as a callable writes a tensor in
             place that is no buffer of a module it holds (the recompute would write it again).
 
@@ -176,9 +188,25 @@ def forward_blocks(
     """
     schedule, policy = resolve_plan(schedule, policy)
     blocks = list(blocks)
-    schedule.segments_for(len(blocks))  # ValueError when invalid for N, before any lint
+    segs = schedule.segments_for(len(blocks))  # ValueError when invalid for N, before any lint
+    sac = _as_selective(policy)
+    check_default_policy(segs, None if sac is None or sac.policy.saves_nothing else sac.policy.name, "forward_blocks")
     check_no_effect(schedule, policy, len(blocks))
-    return _forward(blocks, x, schedule, block_args, block_kwargs, _as_selective(policy), on_checkpoint_input)
+    return _forward(blocks, x, schedule, block_args, block_kwargs, sac, on_checkpoint_input)
+
+
+def _segment_contexts(segs, sac: Optional[SelectiveCheckpoint]) -> list:
+    """Per segment, the SelectiveCheckpoint it runs under: its own policy's (recording into ``sac``), else ``sac``."""
+    made: dict = {}
+    out = []
+    for seg in segs:
+        if seg.policy is None:
+            out.append(sac)
+            continue
+        if seg.policy not in made:
+            made[seg.policy] = sac.with_policy(seg.policy) if sac is not None else SelectiveCheckpoint(seg.policy)
+        out.append(made[seg.policy])
+    return out
 
 
 def _forward(blocks: list, x: torch.Tensor, schedule: Schedule, block_args: tuple, block_kwargs: dict,
@@ -191,11 +219,15 @@ def _forward(blocks: list, x: torch.Tensor, schedule: Schedule, block_args: tupl
         starts = {s.start for s in segs if s.checkpointed}
         inside = {i for s in segs if s.checkpointed for i in range(s.start, s.stop)}
         return _forward_checkpoint_sequential(blocks, bound, x, len(segs), starts, on_checkpoint_input, inside)
-    linted = sac is not None and sac.checkpoints and sac.selective and any(
-        s.checkpointed and s.inner is None for s in segs)
-    if linted:
-        sac.start_lint()
-    for seg in segs:
+    contexts = _segment_contexts(segs, sac)
+    linted = []  # each selective context of a checkpointed segment, once
+    for seg, ctx in zip(segs, contexts):
+        if (seg.checkpointed and seg.inner is None and ctx is not None and ctx.checkpoints and ctx.selective
+                and all(ctx is not c for c in linted)):
+            linted.append(ctx)
+    for ctx in linted:
+        ctx.start_lint()
+    for seg, ctx in zip(segs, contexts):
         run = run_segment(bound[seg.start:seg.stop])
         if not seg.checkpointed:
             x = run(x)
@@ -203,15 +235,15 @@ def _forward(blocks: list, x: torch.Tensor, schedule: Schedule, block_args: tupl
         if on_checkpoint_input is not None:
             on_checkpoint_input(x)
         if seg.inner is None:
-            x = _checkpointed(run, x, sac, blocks[seg.start:seg.stop])
+            x = _checkpointed(run, x, ctx, blocks[seg.start:seg.stop])
         else:
             # Early stop off, whatever EARLY_STOP says: it would end the outer recompute once the last
             # inner boundary exists, so the last inner segment would be rebuilt from the outer
             # forward's graph, without the policy.
             body = _nested_segment(blocks[seg.start:seg.stop], seg.inner, sac, block_args, block_kwargs)
             x = _checkpoint(ForwardState(blocks[seg.start:seg.stop]).wrap(body), x, early_stop=False)
-    if linted:
-        check_selective(sac)
+    for ctx in linted:
+        check_selective(ctx)
     return x
 
 

@@ -8,8 +8,9 @@ parameter layouts, initialisation and the per-tensor activation accounts live on
 from .cost import peak_units, recomputed_blocks, stored_boundaries
 from .lint import RematPolicyWarning
 from .names import ACTIVATION_NAMES, check_names
-from .plan import RematPlan, parse_plan
+from .plan import RematPlan, check_default_policy, parse_plan, segment_policy
 from .policies import MAXTEXT_ALIASES, POLICIES, POLICY_NAMES, Policy, parse_policy
+from .segment_plan import PLAN_GRAMMAR, PlanSegment, SegmentPlan, parse_segment_plan, segment_plan
 from .schedules import (
     DEFAULT_SCHEDULES,
     SCHEDULE_NAMES,
@@ -31,8 +32,10 @@ from .schedules import (
 )
 
 __all__ = [
-    "ACTIVATION_NAMES", "DEFAULT_SCHEDULES", "MAXTEXT_ALIASES", "POLICIES", "POLICY_NAMES", "SCHEDULE_NAMES",
-    "EveryK", "Full", "Nested", "NoRemat", "Policy", "RematPlan", "RematPolicyWarning", "Schedule", "Segment",
-    "Segments", "Sqrt", "check_names", "every_k", "full", "nested", "none", "parse_plan", "parse_policy",
-    "parse_schedule", "peak_units", "recomputed_blocks", "segments", "sqrt", "stored_boundaries",
+    "ACTIVATION_NAMES", "DEFAULT_SCHEDULES", "MAXTEXT_ALIASES", "PLAN_GRAMMAR", "POLICIES", "POLICY_NAMES",
+    "SCHEDULE_NAMES", "EveryK", "Full", "Nested", "NoRemat", "PlanSegment", "Policy", "RematPlan",
+    "RematPolicyWarning", "Schedule", "Segment", "SegmentPlan", "Segments", "Sqrt", "check_default_policy",
+    "check_names", "every_k", "full", "nested", "none", "parse_plan", "parse_policy", "parse_schedule",
+    "parse_segment_plan", "peak_units", "recomputed_blocks", "segment_plan", "segment_policy", "segments", "sqrt",
+    "stored_boundaries",
 ]

@@ -20,6 +20,11 @@ checkpointed segment back into a plain one: nothing is recomputed and every unit
 it. Other policies keep part of each block and still re-run it; the unit model counts those
 blocks as recomputed.
 
+Segment plans (:class:`jaxremat.spec.segment_plan.SegmentPlan`): each checkpointed segment
+follows its own policy (or the given one where it names none); a segment whose policy keeps
+everything counts as stored, and neighbouring stored segments count as one (one boundary), so
+``plan(2+save_everything,2:store)`` reads as ``none``.
+
 Nested schedules: while checkpointed outer segment j is recomputed and run backward under its
 inner schedule, the live units are the j outer boundaries below it, the units kept below, and
 the inner chain's own peak over the segment's length (whose first boundary is segment j's input):
@@ -28,12 +33,30 @@ the inner chain's own peak over the segment's length (whose first boundary is se
 
 from __future__ import annotations
 
-from .schedules import NoRemat, Schedule
+import dataclasses
+
+from .schedules import NoRemat, Schedule, SegmentPlan
 
 
-def _effective(schedule: Schedule, policy) -> Schedule:
-    """``none`` when the policy keeps everything (no checkpointed segment recomputes anything)."""
-    return NoRemat() if policy is not None and getattr(policy, "save_everything", False) else schedule
+def _keeps_everything(policy) -> bool:
+    return policy is not None and getattr(policy, "save_everything", False)
+
+
+def _effective_segments(n_layer: int, schedule: Schedule, policy) -> tuple:
+    """The segments as the unit model sees them: a checkpointed segment whose policy keeps
+    everything is stored; neighbouring stored segments (no inner schedule) are merged."""
+    segs = schedule.segments_for(n_layer)  # the schedule must resolve at this depth, whatever the policy
+    if not isinstance(schedule, SegmentPlan):
+        return NoRemat().segments_for(n_layer) if _keeps_everything(policy) else segs
+    out: list = []
+    for seg in segs:
+        own = seg.policy if seg.policy is not None else policy
+        stored = not seg.checkpointed or _keeps_everything(own)
+        if stored and out and not out[-1].checkpointed:
+            out[-1] = dataclasses.replace(out[-1], stop=seg.stop)
+        else:
+            out.append(dataclasses.replace(seg, checkpointed=not stored, policy=None))
+    return tuple(out)
 
 
 def peak_units(n_layer: int, schedule: Schedule, policy=None) -> int:
@@ -45,13 +68,13 @@ def peak_units(n_layer: int, schedule: Schedule, policy=None) -> int:
         n_layer: depth N.
         schedule: the remat schedule.
         policy: optional :class:`jaxremat.spec.policies.Policy`; ``save_everything`` keeps every
-            unit, as ``none`` does (``N + 1``). Other policies do not change the unit count.
+            unit, as ``none`` does (``N + 1``). Other policies do not change the unit count. For
+            a segment plan, the default of the segments that name no policy of their own.
 
     Raises:
         ValueError: ``n_layer < 1`` or the schedule is invalid for this depth.
     """
-    schedule.segments_for(n_layer)  # the schedule must resolve at this depth, whatever the policy
-    segs = _effective(schedule, policy).segments_for(n_layer)
+    segs = _effective_segments(n_layer, schedule, policy)
     kept_below = 0  # units kept from the forward pass by non-checkpointed segments below j
     peak = 0
     for j, seg in enumerate(segs):
@@ -67,16 +90,14 @@ def recomputed_blocks(n_layer: int, schedule: Schedule, policy=None) -> int:
 
     Nested: each checkpointed outer segment's blocks once, plus the inner schedule's recomputes
     within it (blocks of inner checkpointed segments run a third time). Under a policy that keeps
-    everything (``save_everything``) nothing is recomputed: 0.
+    everything (``save_everything``) nothing is recomputed: 0; in a segment plan, the segments
+    whose own policy (or ``policy``, where they name none) keeps everything recompute nothing.
 
     Raises:
         ValueError: ``n_layer < 1`` or the schedule is invalid for this depth.
     """
     total = 0
-    segs = schedule.segments_for(n_layer)
-    if policy is not None and getattr(policy, "save_everything", False):
-        return 0
-    for s in segs:
+    for s in _effective_segments(n_layer, schedule, policy):
         if s.checkpointed:
             total += s.length + (0 if s.inner is None else recomputed_blocks(s.length, s.inner))
     return total

@@ -19,7 +19,7 @@ from typing import Any
 
 from .plan import RematPlan, parse_plan
 from .policies import Policy, parse_policy
-from .schedules import parse_schedule
+from .schedules import SegmentPlan, parse_schedule
 
 __all__ = ["RematPolicyWarning", "no_effect_message", "resolve_plan", "unmatched_message"]
 
@@ -43,6 +43,9 @@ def resolve_plan(schedule: Any, policy: Any = None) -> tuple[Any, Any]:
     Raises:
         ValueError: an unknown schedule or policy name, a policy given both in the plan and
             separately, or a ``schedule`` of another type (e.g. a tensor passed in its place).
+            A segment plan's per-segment policies are not "in the plan" in this sense: ``policy=``
+            is then the default of the segments that name none (:mod:`jaxremat.spec.plan`; the
+            renderers refuse it when it reaches no segment).
     """
     if isinstance(schedule, str):
         plan = parse_plan(schedule) if "+" in schedule else None
@@ -50,10 +53,15 @@ def resolve_plan(schedule: Any, policy: Any = None) -> tuple[Any, Any]:
             return parse_schedule(schedule), policy
         schedule = plan
     if isinstance(schedule, RematPlan):
-        if policy is not None:
+        # A segment plan without a plan-wide policy takes policy= as the default of its segments
+        # that name none (jaxremat.spec.plan); any other plan names its one policy.
+        plan_wide = not schedule.policy.saves_nothing or not isinstance(schedule.schedule, SegmentPlan)
+        if policy is not None and plan_wide:
             raise ValueError(f"plan {schedule.name!r} names a policy and policy={policy!r} was given too; "
                              "give the policy once (in the plan or as policy=)")
-        return schedule.schedule, None if schedule.policy.saves_nothing else schedule.policy
+        if schedule.policy.saves_nothing:
+            return schedule.schedule, policy
+        return schedule.schedule, schedule.policy
     if not hasattr(schedule, "segments_for"):
         raise ValueError(f"schedule must be a jaxremat.spec schedule, a name such as 'sqrt' or a plan such as "
                          f"'sqrt+save_dots'; got {type(schedule).__name__} (extra arguments for the blocks go after it)")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from .names import ACTIVATION_NAMES, ATTENTION_NAMES, MLP_NAMES, check_names
-from jaxremat.spec.schedules import split_call
+from .grammar import split_call
 
 DOT_KINDS = (None, "all", "no_batch")
 """Op-class selectors: every matrix product, or only those without batch dimensions."""

@@ -4,7 +4,11 @@ A schedule says which block inputs survive the forward pass. It is a frozen, has
 knows nothing of JAX or PyTorch; :meth:`Schedule.segments_for` resolves it, for a depth N, into
 contiguous :class:`Segment` s. A *checkpointed* segment keeps only its input (the boundary) during
 the forward pass and recomputes its interior during the backward pass; a segment that is not
-checkpointed keeps everything, as without remat.
+checkpointed keeps everything, as without remat. A segment plan, ``plan(...)``, lists its
+segments explicitly, each with its own length and policy (:mod:`jaxremat.spec.segment_plan`).
+
+The grammar helpers (``split_call``, ``plain_int``, ``split_top``) live in
+:mod:`jaxremat.spec.grammar` and are imported here as before.
 
 Source: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174;
 PyTorch's ``torch.utils.checkpoint.checkpoint_sequential`` for the ``segments(s)`` split.
@@ -14,28 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Union
 
-
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    """Blocks ``[start, stop)`` of the stack, recomputed in the backward pass when ``checkpointed``.
-
-    ``inner`` (nested schedules only): the schedule under which a checkpointed segment's interior
-    is recomputed in the backward pass, resolved over the segment's own ``length`` blocks. None
-    means the interior is recomputed plainly, keeping everything until its backward pass is done.
-    """
-
-    start: int
-    stop: int
-    checkpointed: bool
-    inner: "Schedule | None" = None
-
-    @property
-    def length(self) -> int:
-        """Number of blocks in the segment."""
-        return self.stop - self.start
+from .grammar import plain_int, split_call, split_top
+from .segment_plan import PLAN_GRAMMAR, PlanSegment, Segment, SegmentPlan, parse_segment_plan, segment_plan
 
 
 def _check_int(name: str, value, low: int, high: str = "") -> None:
@@ -206,8 +192,8 @@ class Nested:
 
 
 _FLAT_SCHEDULES = (NoRemat, Full, EveryK, Segments, Sqrt)
-Schedule = Union[NoRemat, Full, EveryK, Segments, Sqrt, Nested]
-_ALL_SCHEDULES = (*_FLAT_SCHEDULES, Nested)
+Schedule = Union[NoRemat, Full, EveryK, Segments, Sqrt, Nested, SegmentPlan]
+_ALL_SCHEDULES = (*_FLAT_SCHEDULES, Nested, SegmentPlan)
 
 none = NoRemat()
 full = Full()
@@ -229,72 +215,18 @@ def nested(outer: Schedule, inner: Schedule) -> Nested:
     return Nested(outer, inner)
 
 
-SCHEDULE_NAMES = ("none", "full", "every_k(K)", "sqrt", "segments(S)", "nested(OUTER,INNER)", "nested")
+SCHEDULE_NAMES = ("none", "full", "every_k(K)", "sqrt", "segments(S)", "nested(OUTER,INNER)", "nested", PLAN_GRAMMAR)
 DEFAULT_SCHEDULES = ("none", "full", "every_k(2)", "sqrt", "segments(4)")
-
-
-_CALL = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?\s*", re.ASCII | re.DOTALL)
-_PLAIN_INT = re.compile(r"\s*([0-9]+)\s*", re.ASCII)
-
-
-def split_call(text: str, what: str) -> tuple[str, str | None]:
-    """Split ``NAME`` or ``NAME(ARGS)`` (whitespace allowed around the parentheses only).
-
-    Returns ``(name, args)``, ``args`` None without parentheses.
-
-    Raises:
-        ValueError: anything else (the message quotes ``text`` and names ``what`` was expected).
-    """
-    depth = 0
-    for ch in text:
-        depth += (ch == "(") - (ch == ")")
-        if depth < 0:
-            break
-    if depth:
-        raise ValueError(f"{what} {text!r}: unbalanced parentheses")
-    m = _CALL.fullmatch(text)
-    if m is None:
-        raise ValueError(f"unknown {what} {text!r}; write a name, or a name with its parameter in parentheses"
-                         f"{'; valid schedules: ' + ', '.join(SCHEDULE_NAMES) if what == 'schedule' else ''}")
-    return m.group(1), m.group(2)
-
-
-def plain_int(text: str, arg: str, example: str) -> int:
-    """``arg`` as an int when it is ASCII digits only (no sign, ``_``, or other numerals).
-
-    Python's ``int()`` reads ``"2_0"`` as 20 and fullwidth or Arabic-Indic digits as digits; a
-    schedule parameter is refused instead of being read as something the user did not type.
-
-    Raises:
-        ValueError: ``arg`` is not a plain integer (the message quotes ``text`` and gives ``example``).
-    """
-    m = _PLAIN_INT.fullmatch(arg)
-    if m is None:
-        raise ValueError(f"schedule {text!r}: parameter {arg.strip()!r} is not an integer written in ASCII digits "
-                         f"0-9 (no sign, '_' or other numerals), e.g. {example}")
-    return int(m.group(1))
-
-
-def split_top(body: str, sep: str) -> list[str]:
-    """Split ``body`` at ``sep`` outside parentheses: ``"sqrt,every_k(2)"`` -> two items."""
-    parts, depth, cur = [], 0, ""
-    for ch in body:
-        depth += (ch == "(") - (ch == ")")
-        if ch == sep and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return parts + [cur]
 
 
 _PLAIN = {"none": none, "full": full, "sqrt": sqrt}
 
 
 def parse_schedule(text: "str | Schedule") -> Schedule:
-    """Parse a schedule name such as ``"none"``, ``"every_k(2)"``, ``"segments(4)"`` or
-    ``"nested(sqrt,every_k(2))"`` (``"nested"`` alone is ``nested(sqrt,sqrt)``); a schedule
-    object is returned as it is.
+    """Parse a schedule name such as ``"none"``, ``"every_k(2)"``, ``"segments(4)"``,
+    ``"nested(sqrt,every_k(2))"`` (``"nested"`` alone is ``nested(sqrt,sqrt)``) or a segment plan
+    ``"plan(3*2+save_dots,4:store)"`` (:mod:`jaxremat.spec.segment_plan`); a schedule object is
+    returned as it is.
 
     Parsing is strict: whitespace is allowed around parentheses and commas only; a parameter is
     ASCII digits only (``every_k(2_0)``, ``every_k(+2)``, ``every_k(２)`` are refused, not read
@@ -303,14 +235,17 @@ def parse_schedule(text: "str | Schedule") -> Schedule:
     Raises:
         ValueError: the name is unknown (the message lists the valid names), its parameter is
             not a plain integer, a parameter is missing or given to a schedule that takes none,
-            or ``text`` is neither a string nor a schedule.
+            or ``text`` is neither a string nor a schedule; a bad segment plan
+            (:func:`jaxremat.spec.segment_plan.parse_segment_plan`).
     """
     if isinstance(text, _ALL_SCHEDULES):
         return text
     if not isinstance(text, str):
         raise ValueError(f"a schedule is a name such as 'sqrt' or a schedule object, got {text!r} "
                          f"({type(text).__name__}); valid schedules: {', '.join(SCHEDULE_NAMES)}")
-    name, arg = split_call(text, "schedule")
+    name, arg = split_call(text, "schedule", ", ".join(SCHEDULE_NAMES))
+    if name == "plan":
+        return parse_segment_plan(text)
     if name in _PLAIN or (name == "nested" and arg is None):
         if arg is not None:
             raise ValueError(f"schedule {text!r}: {name} takes no parameter; write {name}")

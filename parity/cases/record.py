@@ -17,6 +17,12 @@ from parity.checks.compare import compare_bitwise
 from parity.runners.result import RunResult
 
 
+def policy_label(plan: RematPlan) -> str:
+    """The case's ``policy``: the plan's policy, or for a segment plan the policies its checkpointed
+    segments follow, joined by ``,`` in order of first use (``save_dots,attention_only``)."""
+    return ",".join(p.name for p in plan.policies) or plan.policy.name
+
+
 def new_case(framework: str, mode: str, name: str, plan: RematPlan, cfg, model: str) -> dict:
     """The fields of one case before it runs: what it is, its predictions, every check unset.
 
@@ -32,7 +38,7 @@ def new_case(framework: str, mode: str, name: str, plan: RematPlan, cfg, model: 
     schedule = plan.schedule
     return {
         "framework": framework, "model": model, "schedule": name, "n_layer": n,
-        "policy": plan.policy.name, "offloaded_bytes": None, "names_ok": None, "block_names": None,
+        "policy": policy_label(plan), "offloaded_bytes": None, "names_ok": None, "block_names": None,
         "dtype": cfg.dtype, "dropout": cfg.dropout, "mode": mode, "status": "error", "error": None,
         "loss": None, "loss_bitwise_equal": None, "grads_bitwise_equal": None, "weights_bitwise_equal": None,
         "reverse_loop_bitwise_equal": None, "max_ulp": None, "max_abs_diff": None,

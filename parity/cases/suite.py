@@ -85,10 +85,11 @@ class SuiteConfig:
                 out.append((plan.name, plan))
         for _, plan in out:  # resolve now so s > n_layer fails before any work starts
             plan.segments_for(self.preset.config.n_layer)
-            p = plan.policy
-            if "torch" in self.frameworks and "block_input" in (p.kept_names | p.offloaded_names) and not p.save_everything:
-                raise ValueError(f"plan {plan.name!r}: PyTorch cannot keep 'block_input' (a checkpointed segment is "
-                                 "replayed from its start); drop it or run --frameworks jax")
+            for p in plan.policies:
+                if ("torch" in self.frameworks and "block_input" in (p.kept_names | p.offloaded_names)
+                        and not p.save_everything):
+                    raise ValueError(f"plan {plan.name!r}: PyTorch cannot keep 'block_input' (a checkpointed segment "
+                                     "is replayed from its start); drop it or run --frameworks jax")
         return out
 
 
@@ -97,25 +98,36 @@ def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: Remat
     """Record what one checkpointed block keeps under the plan's policy and whether it is as declared.
 
     ``save_everything`` must keep exactly the bytes of ``none``; every other policy must keep (and
-    offload) the activation names :func:`parity.checks.names.expected_names` gives.
+    offload) the activation names :func:`parity.checks.names.expected_names` gives. A segment plan
+    whose segments follow several policies is checked policy by policy: ``block_names`` and
+    ``expected_names`` are then lists with one entry per policy (``{"policy": name, ...}``) and
+    ``names_ok`` holds when every entry is as declared; its ``save_everything`` segments are
+    checked by the cost model only (the plan keeps less than ``none`` elsewhere).
     """
-    policy = plan.policy
-    if policy.saves_nothing:
+    policies = [p for p in plan.policies if not p.saves_nothing]
+    if not policies:
         return
     if not get_model(cfg.arch).block_names_measurable:  # block_memory builds the GPT block only
         case["expected_names"] = "not measured for this architecture"
         return
-    if policy.save_everything:
+    if len(plan.policies) == 1 and policies[0].save_everything:
         case["names_ok"] = res.memory.saved_bytes == ref.memory.saved_bytes
         case["expected_names"] = "the same saved bytes as none"
         return
-    key = (framework, cfg, policy)
-    if key not in cache:
-        cache[key] = measured_names(framework, cfg, suite.preset.batch_size, suite.preset.seq_len, policy)
-    measured, expected = cache[key], expected_names(policy, framework)
-    case["block_names"] = measured
-    case["expected_names"] = expected
-    case["names_ok"] = measured["kept"] == expected["kept"] and measured["offloaded"] == expected["offloaded"]
+    checked = []
+    for policy in (p for p in policies if not p.save_everything):
+        key = (framework, cfg, policy)
+        if key not in cache:
+            cache[key] = measured_names(framework, cfg, suite.preset.batch_size, suite.preset.seq_len, policy)
+        measured, expected = cache[key], expected_names(policy, framework)
+        ok = measured["kept"] == expected["kept"] and measured["offloaded"] == expected["offloaded"]
+        checked.append((policy.name, measured, expected, ok))
+    if len(plan.policies) == 1:
+        _, case["block_names"], case["expected_names"], case["names_ok"] = checked[0]
+        return
+    case["block_names"] = [{"policy": name, **measured} for name, measured, _, _ in checked]
+    case["expected_names"] = [{"policy": name, **expected} for name, _, expected, _ in checked]
+    case["names_ok"] = all(ok for *_, ok in checked)
 
 
 def _cross(schedule: str, dtype: str, a: RunResult | None, b: RunResult | None, term_scale: float | None,

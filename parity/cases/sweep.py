@@ -202,7 +202,7 @@ def measure_torch(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, r
 
 
 def _predictions(framework: str, cfg, B: int, T: int, plan: RematPlan) -> dict:
-    if not plan.policy.saves_nothing:  # the per-layer model covers schedules, not policies
+    if not plan.saves_nothing:  # the per-layer model covers schedules, not policies (per-segment ones included)
         return {"predicted_saved_bytes": None, "predicted_peak_activation_bytes": None}
     return {"predicted_saved_bytes": am.predict_saved_bytes(framework, cfg, B, T, plan.schedule),
             "predicted_peak_activation_bytes": am.predict_peak_activation_bytes(framework, cfg, B, T, plan.schedule)}

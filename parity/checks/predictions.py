@@ -9,7 +9,9 @@ bytes); in PyTorch MemTracker's ``PARAM``, ``BUFFER``, ``GRAD`` and ``OPT`` cate
 the increase over what was allocated before the step). A gap above :data:`GAP_LIMIT` is flagged.
 
 The account covers the block of a family that has one (:attr:`jaxremat.models.ModelSpec.activation_account`:
-GPT) without dropout and without a policy; other cases get None.
+GPT) without dropout and without a policy (a segment plan whose segments name policies,
+``plan(3+save_dots,2)``, has one); other cases get None, shown as ``-`` in the report: the account
+lists the tensors of a block without remat, not what a policy keeps.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def attach_predictions(case: dict, framework: str, cfg, batch: int, seq: int, pl
     case.update(predicted_saved_bytes=None, saved_gap=None, peak_activation_bytes=None,
                 predicted_peak_activation_bytes=None, peak_gap=None, prediction_flags=[])
     spec = get_model(getattr(cfg, "arch", "gpt"))
-    if spec.activation_account is None or cfg.dropout > 0 or not plan.policy.saves_nothing:
+    if spec.activation_account is None or cfg.dropout > 0 or not plan.saves_nothing:
         return
     am = spec.load("activation_account")
     try:

@@ -34,7 +34,7 @@ STATUS = "no_saving"
 
 
 def _predicted_ratio(framework: str, cfg, batch: int, seq: int, plan) -> float | None:
-    if not plan.policy.saves_nothing:  # the chain model counts segment boundaries only
+    if not plan.saves_nothing:  # the chain model counts segment boundaries only
         return None
     try:
         pred = am.predict_peak_activation_bytes(framework, cfg, batch, seq, plan.schedule)

@@ -27,9 +27,11 @@ from parity.checks.verdict import report_passed
 
 REPORT_FILES = ("report.json", "report.md")
 
-SCHEMA_VERSION = 4
-"""report.json schema: 4 names each quantity once (``saved_bytes``, ``saved_ratio``); 3 wrote non-finite
-floats as strings and added environment and timing spreads (docs/report-schema.md)."""
+SCHEMA_VERSION = 5
+"""report.json schema: 5 lets a segment plan's case list its policies (``policy`` joined by ``,``;
+``block_names``/``expected_names`` one entry per policy); 4 names each quantity once
+(``saved_bytes``, ``saved_ratio``); 3 wrote non-finite floats as strings and added environment and
+timing spreads (docs/report-schema.md)."""
 
 
 class OutputDirError(Exception):
@@ -78,6 +80,19 @@ def _fmt_bytes(n) -> str:
 
 def _fmt_ratio(x) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def _block_name_entries(case: dict) -> list[tuple[str, dict, bool | None]]:
+    """``[(policy, measured block names, as declared)]`` of one case: one entry, or one per policy of a
+    segment plan (whose ``block_names`` is a list of ``{"policy": name, ...}``)."""
+    names = case.get("block_names")
+    if not names:
+        return []
+    if isinstance(names, dict):
+        return [(case["policy"], names, case.get("names_ok"))]
+    expected = {e["policy"]: e for e in case.get("expected_names") or []}
+    return [(n["policy"], n, n["kept"] == expected.get(n["policy"], {}).get("kept")
+             and n["offloaded"] == expected.get(n["policy"], {}).get("offloaded")) for n in names]
 
 
 def _bit(x) -> str:
@@ -283,13 +298,13 @@ def markdown(report: dict) -> str:
         parts += [f"- **{d}**: {r}" for d, r in seen.items()] + [""]
     kept_rows, seen_policies = [], set()
     for c in report["cases"]:
-        names = c.get("block_names")
-        if not names or (c["framework"], c["policy"]) in seen_policies:
-            continue
-        seen_policies.add((c["framework"], c["policy"]))
-        shapes = ", ".join(f"{t['name']} {tuple(t['shape'])}{' (host)' if t['memory'] == 'host' else ''}"
-                           for t in names["tensors"])
-        kept_rows.append([c["policy"], c["framework"], _bit(c["names_ok"]), shapes or "nothing"])
+        for policy, names, ok in _block_name_entries(c):
+            if (c["framework"], policy) in seen_policies:
+                continue
+            seen_policies.add((c["framework"], policy))
+            shapes = ", ".join(f"{t['name']} {tuple(t['shape'])}{' (host)' if t['memory'] == 'host' else ''}"
+                               for t in names["tensors"])
+            kept_rows.append([policy, c["framework"], _bit(ok), shapes or "nothing"])
     if kept_rows:
         parts += ["## What one checkpointed block keeps, per policy", "",
                   "Measured on one block (JAX: saved residuals with their `checkpoint_name` tags; PyTorch: the "

@@ -223,7 +223,9 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
     _check_dtypes(cfg, "grads", {"loss": loss_np, **grads_np})
 
     reverse_grads = None
-    if with_reverse_loop and policy.saves_nothing and any(s.checkpointed for s in schedule.segments_for(cfg.n_layer)):
+    segs = schedule.segments_for(cfg.n_layer)
+    no_policy = policy.saves_nothing and all(s.policy is None or s.policy.saves_nothing for s in segs)
+    if with_reverse_loop and no_policy and any(s.checkpointed for s in segs):
         with run_ctx():
             _, rl_grads = jax.block_until_ready(reverse(params, tokens, key))
         reverse_grads = _to_numpy(rl_grads)
