@@ -126,3 +126,21 @@ def test_both_runners_take_the_protocol_parameters():
     with pytest.raises(ValueError, match="eagerly"):
         torch_runner.run_schedule(CFG, init_params(CFG), TOKENS, parse_schedule("none"), mode="jit",
                                   hparams=None)
+
+
+@pytest.mark.parametrize("plan", ["full+save_dots", "full+save_qkv_proj"])
+def test_sweep_counts_what_a_torch_policy_keeps_as_the_runner_does(plan):
+    """A PyTorch sweep case under a policy counts the tensors the policy keeps (the suite runner's number).
+
+    Measured before the one measurement path: the sweep gave every policy plan ``full``'s saved bytes.
+    """
+    from parity.inputs.train import AdamWConfig
+    from parity.runners import torch_runner
+
+    plan = parse_plan(plan)
+    tokens = sweep.token_batch(2, 8) % CFG.vocab_size
+    case = sweep.measure_torch(CFG, tokens, plan, repeats=1)
+    full = sweep.measure_torch(CFG, tokens, parse_plan("full"), repeats=1)
+    res = torch_runner.run_schedule(CFG, init_params(CFG), tokens, plan.schedule, mode="eager", hparams=AdamWConfig(),
+                                    timing_repeats=1, policy=plan.policy)
+    assert case["saved_bytes"] == res.memory.saved_bytes > full["saved_bytes"]
