@@ -1,0 +1,435 @@
+"""The remat planner: the segment plan of least recompute whose predicted peak fits a byte budget.
+
+A chain of N blocks, and for every block a menu of options (store it; checkpoint it with no
+policy; checkpoint it under a named policy; offload, where a policy offloads). Each option of
+block i is a :class:`BlockOption` with three costs, all measured or computed elsewhere (from the
+exact per-tensor account or a block's measured residuals; the builders of these menus are not in
+this module): the bytes the block keeps from the forward pass until
+its backward pass (``kept_bytes``), the bytes live for the block while its segment is recomputed
+and run backward (``working_bytes``), and the FLOPs its recompute costs (``recompute_flops``).
+
+**The memory model** is the chain model of :mod:`jaxremat.spec.cost` and
+``jaxremat.models.gpt.activation._chain_peak`` (Chen et al. 2016, arXiv:1604.06174), in bytes
+and with one option per segment. A plan cuts the chain into contiguous segments ``s_0 .. s_{m-1}``
+(bottom first), segment j with option ``o_j``. With ``B`` the boundary bytes (one segment input),
+``I`` the invariant bytes (kept once whatever the plan, e.g. JAX's hoisted mask broadcasts), and
+for segment j
+
+    K_j = sum_{i in s_j} kept_bytes_i(o_j) + E_j                        (kept from the forward)
+    W_j = B * [o_j checkpointed] + sum_{i in s_j} working_bytes_i(o_j) + E_j  (live in its backward)
+    E_j = (len(s_j) - 1) * B * [o_j keeps_block_input]   (inputs of the blocks after the first)
+    C_j = sum_{i in s_j} recompute_flops_i(o_j),
+
+the live bytes during segment j's backward pass (segments above j are done and freed; the inputs
+of the j segments below and what they kept are still held) and at the end of the forward pass are
+
+    live_j = I + j * B + sum_{k < j} K_k + W_j
+    end    = I + sum_k (B * [o_k checkpointed] + K_k)
+
+and the plan's predicted peak is ``max(end, max_j live_j)``; its recompute is ``sum_j C_j``. A
+stored option keeps everything (``working_bytes == kept_bytes``, no recompute) and adds no
+boundary of its own during its backward (as ``_chain_peak``: a stored segment's input is the
+previous segment's output, counted by ``j * B``). Neighbouring stored segments are one segment
+(one boundary), as :class:`jaxremat.spec.segment_plan.SegmentPlan` merges them; the planner
+reports the peak of the merged plan. Since ``working_bytes >= kept_bytes``, ``end <= live_{m-1}``.
+
+**The search space** (where the planner is exact): every cut of the chain into contiguous
+segments, and for each segment one option of the menu, the same option index for every block of
+the segment (the blocks' costs under it may differ block by block). That is exactly the set of
+one-level segment plans ``plan(L1+P1,L2:store,...)`` over the menu's policies. It leaves out:
+nested segments (``nested(...)``, Rotor's recursive recompute of a segment's interior; Beaumont
+et al. 2019 allow a segment to be re-checkpointed during its own backward), segments whose
+blocks follow different policies, keeping a recomputed block's activations for a later segment
+(Rotor's "F_all" choice), the timing of offload transfers (an offloaded tensor counts as off
+the device from its forward to its segment's backward, on it while the segment runs backward),
+working buffers of single ops (the transient workspace of one matmul or softmax), and the
+memory of parameters, gradients and optimizer state.
+
+**The algorithm** is a dynamic program over the chain in the Rotor family (Beaumont, Eyraud-Dubois,
+Herrmann, Joly, Shilova, "Optimal checkpointing for heterogeneous chains: how to train deep neural
+networks with limited memory", 2019, arXiv:1911.13214 / ACM TOMS 2021; Beaumont et al., "Efficient
+combination of rematerialization and offloading for training DNNs", NeurIPS 2021; Zhao et al.,
+"Rockmate: an efficient, fast, automatic and generic tool for re-materialization in PyTorch",
+ICML 2023, arXiv:2307.01236, which plans a chain of blocks over a per-block menu of options as
+here). ``f(a, r)``, the least recompute of blocks ``a..N-1`` when ``r`` bytes remain above what
+lies below, is ``min over b > a and o of C(a,b,o) + f(b, r - B - K(a,b,o))`` over the choices
+with ``W(a,b,o) <= r``, and ``f(N, r) = 0`` (nothing above the top segment; ``end`` needs no
+constraint of its own). Bytes are counted in quanta of
+``q = ceil((budget - I) / resolution)`` bytes (``q = 1``, no rounding, when the budget's free
+bytes are at most ``resolution``); each segment's ``W`` and ``B + K`` are rounded *up* to whole
+quanta, so the DP is exact for the rounded costs and its plan never exceeds the budget in true
+bytes (its true peak is recomputed with the exact model, :func:`chain_costs`). Time is
+``O(N^2 * len(menu) * resolution)``, vectorised over the budget axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .policies import Policy, parse_policy
+from .segment_plan import PlanSegment, SegmentPlan
+
+__all__ = ["BlockOption", "NoPlanFits", "PlannerResult", "chain_costs", "min_peak_plan", "plan_for_budget"]
+
+DEFAULT_RESOLUTION = 1000
+"""Default number of byte quanta the budget is cut into (see the module docstring)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockOption:
+    """One way to run one block of the chain, with its costs (module docstring: the model).
+
+    Attributes:
+        name: the option's name in the menu (e.g. ``"store"``, ``"save_nothing"``, ``"save_dots"``).
+        checkpointed: False for a stored block (kept whole, ``:store``), True for a recomputed one.
+        policy: what a checkpointed block keeps inside itself (a policy name or
+            :class:`jaxremat.spec.policies.Policy`, parsed to the Policy); None: the renderer's
+            default policy (``remat_scan``'s ``policy=``; keep nothing when none is given).
+            Must be None for a stored option.
+        kept_bytes: bytes (int >= 0) the block keeps on the device from its forward pass until its
+            backward pass (boundary excluded; the planner adds one boundary per segment).
+        working_bytes: bytes (int >= ``kept_bytes``) live for the block while its segment is
+            recomputed and run backward (what it kept plus what its recompute rebuilds); equals
+            ``kept_bytes`` for a stored option.
+        recompute_flops: FLOPs (number >= 0) the block's recompute costs; 0 for a stored option.
+        keeps_block_input: True when, inside a checkpointed segment, the block's input is kept
+            too unless the block is the segment's first (whose input is the segment boundary):
+            a segment of L such blocks keeps ``(L - 1) * boundary_bytes`` more, in ``K`` and ``W``.
+            Measured on ``jaxremat.remat_scan``: a segment under a policy that keeps anything
+            keeps the carry of each block after the first (the inner scan's per-step input).
+
+    Raises:
+        ValueError: a negative or non-integer byte count, ``working_bytes < kept_bytes``, a
+            stored option with a policy, recompute or ``working_bytes != kept_bytes``, an unknown
+            policy, or an empty name.
+    """
+
+    name: str
+    checkpointed: bool
+    policy: "Policy | str | None" = None
+    kept_bytes: int = 0
+    working_bytes: int = 0
+    recompute_flops: float = 0.0
+    keeps_block_input: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a block option needs a non-empty name, got {self.name!r}")
+        if not isinstance(self.checkpointed, bool):
+            raise ValueError(f"option {self.name!r}: checkpointed must be True or False, got {self.checkpointed!r}")
+        for field in ("kept_bytes", "working_bytes"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"option {self.name!r}: {field} must be an integer >= 0 (bytes), got {v!r}")
+            object.__setattr__(self, field, int(v))
+        f = self.recompute_flops
+        if isinstance(f, bool) or not isinstance(f, (int, float, np.integer, np.floating)) or not f >= 0 \
+                or not math.isfinite(f):
+            raise ValueError(f"option {self.name!r}: recompute_flops must be a finite number >= 0, got {f!r}")
+        object.__setattr__(self, "recompute_flops", float(f))
+        if self.working_bytes < self.kept_bytes:
+            raise ValueError(f"option {self.name!r}: working_bytes ({self.working_bytes}) < kept_bytes "
+                             f"({self.kept_bytes}); what a block keeps is live while it runs backward too")
+        if self.policy is not None:
+            object.__setattr__(self, "policy", parse_policy(self.policy))
+        if not isinstance(self.keeps_block_input, bool):
+            raise ValueError(f"option {self.name!r}: keeps_block_input must be True or False")
+        if not self.checkpointed and (self.policy is not None or self.recompute_flops or self.keeps_block_input
+                                      or self.working_bytes != self.kept_bytes):
+            raise ValueError(f"stored option {self.name!r}: a stored block keeps everything and recomputes "
+                             f"nothing: give no policy, recompute_flops=0, working_bytes == kept_bytes and "
+                             f"keeps_block_input=False")
+
+
+class NoPlanFits(ValueError):
+    """No plan in the planner's search space fits the budget.
+
+    Attributes:
+        budget_bytes: the budget asked for (bytes).
+        min_peak_bytes: the smallest predicted peak any plan of the space reaches (bytes).
+        min_peak_plan: a plan reaching it (a :class:`jaxremat.spec.segment_plan.SegmentPlan`).
+    """
+
+    def __init__(self, budget_bytes: int, min_peak_bytes: int, min_peak_plan: SegmentPlan):
+        self.budget_bytes, self.min_peak_bytes, self.min_peak_plan = budget_bytes, min_peak_bytes, min_peak_plan
+        super().__init__(
+            f"no plan fits a budget of {budget_bytes} bytes: the smallest predicted peak activation over every "
+            f"one-level segment plan of this menu is {min_peak_bytes} bytes ({min_peak_plan.name}), "
+            f"{min_peak_bytes - budget_bytes} bytes more; raise the budget to at least {min_peak_bytes} bytes, "
+            f"or make the blocks keep less (a smaller batch or sequence, a policy that keeps less, offload)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerResult:
+    """What :func:`plan_for_budget` found.
+
+    Attributes:
+        plan: the :class:`jaxremat.spec.segment_plan.SegmentPlan` (stored segments ``:store``,
+            checkpointed ones with their option's policy); ``remat_scan``, ``remat_stack`` and
+            torchref's ``forward_blocks`` take it (or its ``plan.name``) as the schedule.
+        segment_options: the option name of each segment of ``plan``, bottom first.
+        peak_bytes: its predicted peak activation bytes (exact model, true bytes, <= budget).
+        recompute_flops: its recompute (FLOPs per training step, summed over blocks).
+        budget_bytes: the budget asked for.
+        min_peak_bytes: the smallest predicted peak of any plan in the space (bytes).
+        quantum_bytes: the byte quantum of the DP (1: no rounding; module docstring).
+        optimal: True when the plan is the least-recompute plan of the space for the costs rounded
+            to ``quantum_bytes``; False when rounding left no plan but the least-peak plan fits the
+            true budget, which is then returned (raise ``resolution`` for an optimal one).
+        saved_bytes: the bytes held at the end of the forward pass (``end`` in the module
+            docstring: invariants, one boundary per checkpointed segment, what the blocks keep).
+    """
+
+    plan: SegmentPlan
+    segment_options: tuple
+    peak_bytes: int
+    recompute_flops: float
+    budget_bytes: int
+    min_peak_bytes: int
+    quantum_bytes: int
+    optimal: bool = True
+    saved_bytes: int = 0
+
+
+class _Menu:
+    """Prefix sums of the options' costs: arrays of shape (options, N + 1)."""
+
+    def __init__(self, options_per_block: Sequence[Sequence[BlockOption]], boundary_bytes: int):
+        blocks = [tuple(opts) for opts in options_per_block] if isinstance(options_per_block, (list, tuple)) else None
+        if not blocks:
+            raise ValueError(f"options_per_block must be a non-empty list (one menu per block), got {options_per_block!r}")
+        first = blocks[0]
+        if not first:
+            raise ValueError("block 0 has an empty menu; give every block at least one BlockOption")
+        for i, opts in enumerate(blocks):
+            bad = [o for o in opts if not isinstance(o, BlockOption)]
+            if bad:
+                raise ValueError(f"block {i}: menu entries must be BlockOption values, got {bad[0]!r}")
+            key = lambda o: (o.name, o.checkpointed, o.policy, o.keeps_block_input)  # noqa: E731
+            if [key(o) for o in opts] != [key(o) for o in first]:
+                raise ValueError(f"block {i}'s menu {[o.name for o in opts]} differs from block 0's "
+                                 f"{[o.name for o in first]}: every block must list the same options (name, "
+                                 "checkpointed, policy, keeps_block_input) in the same order; only their costs "
+                                 "may differ")
+        names = [o.name for o in first]
+        if len(set(names)) != len(names):
+            raise ValueError(f"option names must be distinct, got {names}")
+        self.n, self.options = len(blocks), first
+        self.boundary = boundary_bytes
+        z = lambda f: np.concatenate([np.zeros((len(first), 1), dtype=np.int64 if f != "recompute_flops" else float),
+                                      np.cumsum([[getattr(o, f) for o in opts] for opts in blocks], axis=0).T], axis=1)
+        self.kept, self.work, self.flops = z("kept_bytes"), z("working_bytes"), z("recompute_flops")
+        self.ckpt = np.array([o.checkpointed for o in first])
+        self.inputs = np.array([boundary_bytes if o.keeps_block_input else 0 for o in first], dtype=np.int64)
+
+    def segment(self, a: int, b: int, o: int) -> tuple[int, int, float]:
+        """(K, W, C) of blocks [a, b) under option o."""
+        extra = (b - a - 1) * int(self.inputs[o])
+        w = int(self.work[o, b] - self.work[o, a]) + (self.boundary if self.ckpt[o] else 0) + extra
+        return int(self.kept[o, b] - self.kept[o, a]) + extra, w, float(self.flops[o, b] - self.flops[o, a])
+
+    def all_from(self, a: int):
+        """K, W, C and (b, o) of every segment starting at block a: flat arrays, index = (b-a-1)*O + o."""
+        O = len(self.options)
+        extra = np.arange(self.n - a)[None, :] * self.inputs[:, None]  # (L - 1) kept block inputs
+        K = (self.kept[:, a + 1:] - self.kept[:, a:a + 1] + extra).T.ravel()
+        W = ((self.work[:, a + 1:] - self.work[:, a:a + 1]) + self.boundary * self.ckpt[:, None] + extra).T.ravel()
+        C = (self.flops[:, a + 1:] - self.flops[:, a:a + 1]).T.ravel()
+        b = np.repeat(np.arange(a + 1, self.n + 1), O)
+        o = np.tile(np.arange(O), self.n - a)
+        return K, W, C, b, o
+
+
+def _check_bytes(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (bytes), got {v!r}")
+    return int(v)
+
+
+def _merge(menu: _Menu, segs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(length, option index) segments with neighbouring stored ones merged (as SegmentPlan does)."""
+    out: list[list[int]] = []
+    for length, o in segs:
+        if out and not menu.ckpt[o] and not menu.ckpt[out[-1][1]]:
+            out[-1][0] += length
+        else:
+            out.append([length, o])
+    return [(l, o) for l, o in out]
+
+
+def _costs(menu: _Menu, segs, invariant: int) -> tuple[int, float, int]:
+    peak, below, end, a, flops = 0, invariant, invariant, 0, 0.0
+    for j, (length, o) in enumerate(_merge(menu, segs)):
+        K, W, C = menu.segment(a, a + length, o)
+        peak = max(peak, below + W)
+        below += menu.boundary + K
+        end += K + (menu.boundary if menu.ckpt[o] else 0)
+        flops += C
+        a += length
+    return max(peak, end), flops, end
+
+
+def _resolve(menu: _Menu, segs) -> list[tuple[int, int]]:
+    names = [o.name for o in menu.options]
+    out = []
+    for item in segs:
+        length, opt = item
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+            raise ValueError(f"segment length must be an integer >= 1 (blocks), got {length!r}")
+        if isinstance(opt, str):
+            if opt not in names:
+                raise ValueError(f"unknown option {opt!r}; the menu has {names}")
+            opt = names.index(opt)
+        elif isinstance(opt, bool) or not isinstance(opt, (int, np.integer)) or not 0 <= opt < len(names):
+            raise ValueError(f"option must be a name in {names} or an index 0..{len(names) - 1}, got {opt!r}")
+        out.append((int(length), int(opt)))
+    if sum(l for l, _ in out) != menu.n:
+        raise ValueError(f"the segment lengths sum to {sum(l for l, _ in out)} blocks but the chain has {menu.n}")
+    return out
+
+
+def chain_costs(options_per_block: Sequence[Sequence[BlockOption]], segments: Sequence[tuple],
+                boundary_bytes: int, invariant_bytes: int = 0) -> tuple[int, float, int]:
+    """The exact model's (peak bytes, recompute FLOPs, saved bytes) of one plan (module docstring).
+
+    ``saved bytes`` is ``end``: what is held at the end of the forward pass.
+
+    Args:
+        options_per_block: N menus, one per block (the same option names in the same order).
+        segments: ``(length, option)`` pairs, bottom first; ``option`` a name or an index into the
+            menu. Neighbouring stored segments are merged first, as in a SegmentPlan.
+        boundary_bytes: bytes of one segment input (e.g. a (B, T, D) activation).
+        invariant_bytes: bytes held once whatever the plan.
+
+    Raises:
+        ValueError: bad menus or byte counts, an unknown option, or lengths not summing to N.
+    """
+    menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes))
+    return _costs(menu, _resolve(menu, segments), _check_bytes("invariant_bytes", invariant_bytes))
+
+
+def _to_plan(menu: _Menu, segs) -> tuple[SegmentPlan, tuple]:
+    merged = _merge(menu, segs)
+    items = [PlanSegment(l, bool(menu.ckpt[o]), menu.options[o].policy) for l, o in merged]
+    return SegmentPlan(tuple(items)), tuple(menu.options[o].name for _, o in merged)
+
+
+def _min_peak(menu: _Menu, invariant: int) -> tuple[int, list]:
+    """Exact least peak over the space: g(a) = min_{b,o} max(W, B + K + g(b)), g(N) = 0."""
+    n = menu.n
+    g = np.zeros(n + 1, dtype=np.int64)
+    choice = [None] * n
+    for a in range(n - 1, -1, -1):
+        K, W, _, b, o = menu.all_from(a)
+        need = np.where(b == n, W, np.maximum(W, menu.boundary + K + g[b]))  # nothing above the top segment
+        k = int(np.argmin(need))
+        g[a], choice[a] = need[k], (int(b[k]), int(o[k]))
+    segs, a = [], 0
+    while a < n:
+        b, o = choice[a]
+        segs.append((b - a, o))
+        a = b
+    return _costs(menu, segs, invariant)[0], segs
+
+
+def min_peak_plan(options_per_block: Sequence[Sequence[BlockOption]], boundary_bytes: int,
+                  invariant_bytes: int = 0) -> tuple[int, SegmentPlan]:
+    """The smallest predicted peak (bytes) over the planner's space, and a plan reaching it (exact).
+
+    Raises:
+        ValueError: bad menus or byte counts.
+    """
+    menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes))
+    peak, segs = _min_peak(menu, _check_bytes("invariant_bytes", invariant_bytes))
+    return peak, _to_plan(menu, segs)[0]
+
+
+def _least_recompute(menu: _Menu, avail: int, q: int):
+    """The quantised DP: segments of the least-recompute plan within ``avail`` free bytes, or None."""
+    n, R = menu.n, avail // q
+    ri = np.arange(R + 1)
+    f = np.full((n + 1, R + 1), np.inf)
+    f[n] = 0.0
+    pick = np.zeros((n, R + 1), dtype=np.int64)
+    starts = []
+    for a in range(n - 1, -1, -1):
+        K, W, C, b, o = menu.all_from(a)
+        d = -(-(menu.boundary + K) // q)
+        wq = -(-W // q)
+        col = ri[None, :] - d[:, None]
+        ok = ((col >= 0) | (b == n)[:, None]) & (ri[None, :] >= wq[:, None])  # the top segment: W only
+        vals = np.where(ok, f[b[:, None], np.maximum(col, 0)] + C[:, None], np.inf)
+        k = np.argmin(vals, axis=0)
+        f[a] = vals[k, ri]
+        pick[a] = k
+        starts.append((b, o, d))
+    starts.reverse()
+    if not np.isfinite(f[0, R]):
+        return None
+    segs, a, r = [], 0, R
+    while a < n:
+        b, o, d = starts[a]
+        k = pick[a, r]
+        segs.append((int(b[k]) - a, int(o[k])))
+        a, r = int(b[k]), r - int(d[k])
+    return segs
+
+
+def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_bytes: int, boundary_bytes: int,
+                    invariant_bytes: int = 0, *, resolution: int = DEFAULT_RESOLUTION) -> PlannerResult:
+    """The segment plan of least recompute whose predicted peak fits ``budget_bytes``.
+
+    Exact over the space of one-level segment plans of the menu (module docstring: the model, the
+    space, what it leaves out, the DP and its sources: Beaumont et al. 2019/2021, Rotor; Zhao et al.
+    2023, Rockmate).
+
+    Example::
+
+        store = BlockOption("store", False, kept_bytes=100, working_bytes=100)
+        ckpt = BlockOption("save_nothing", True, "save_nothing", kept_bytes=0, working_bytes=100,
+                           recompute_flops=1e9)
+        r = plan_for_budget([[store, ckpt]] * 16, budget_bytes=1000, boundary_bytes=10)
+        r.recompute_flops  # 7e9: 7 of the 16 blocks are recomputed, r.peak_bytes == 950 <= 1000
+
+    Args:
+        options_per_block: N >= 1 menus, one per block, bottom first; every menu lists the same
+            options (name, checkpointed, policy) in the same order, their costs may differ.
+        budget_bytes: the byte budget (int >= 0) for the predicted peak activation bytes.
+        boundary_bytes: bytes of one segment input (int >= 0), e.g. B*T*D*itemsize for a GPT.
+        invariant_bytes: bytes (int >= 0) held once whatever the plan (counted in every peak).
+        resolution: the number of byte quanta the free budget is cut into (int >= 1): time and
+            memory grow with it; with at most this many free bytes the DP is exact in bytes.
+
+    Returns:
+        A :class:`PlannerResult`; its ``plan`` goes straight to ``remat_scan`` / ``remat_stack`` /
+        torchref's ``forward_blocks``. Among plans of equal recompute, the one whose lowest segment is shortest
+        (then with the lowest option index) is returned.
+
+    Raises:
+        NoPlanFits: no plan of the space has a predicted peak <= ``budget_bytes`` (a ValueError
+            giving the smallest achievable peak and a plan reaching it).
+        ValueError: bad menus (empty, not BlockOption values, differing between blocks, duplicate
+            names), negative or non-integer byte counts, or a bad resolution.
+    """
+    menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes))
+    budget, inv = _check_bytes("budget_bytes", budget_bytes), _check_bytes("invariant_bytes", invariant_bytes)
+    if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1:
+        raise ValueError(f"resolution must be an integer >= 1 (byte quanta), got {resolution!r}")
+    least_peak, least_segs = _min_peak(menu, inv)
+    if least_peak > budget:
+        raise NoPlanFits(budget, least_peak, _to_plan(menu, least_segs)[0])
+    avail = budget - inv
+    q = max(1, -(-avail // resolution))
+    segs = _least_recompute(menu, avail, q)
+    optimal = segs is not None
+    if segs is None:  # rounding up to whole quanta lost every plan, but the least-peak one fits
+        segs = least_segs
+    peak, flops, end = _costs(menu, segs, inv)
+    if peak > budget:  # cannot happen: every rounding is upwards
+        raise AssertionError(f"planner bug: plan peak {peak} > budget {budget}")
+    plan, names = _to_plan(menu, segs)
+    return PlannerResult(plan, names, peak, flops, budget, least_peak, q, optimal, end)
