@@ -228,16 +228,16 @@ class SweepCases:
     rerun_reference = False
     requires_reference = False
 
-    def __init__(self, cfg: TransformerConfig, tokens: np.ndarray, repeats: int, in_depth_sweep) -> None:
+    def __init__(self, cfg: TransformerConfig, tokens: np.ndarray, repeats: int, depth_sweep_plans=frozenset()) -> None:
         self.cfg, self.tokens, self.repeats = cfg, tokens, repeats
-        self.in_depth_sweep = in_depth_sweep  # plan name -> bool
+        self.depth_sweep_plans = frozenset(depth_sweep_plans)  # plans of the depth sweep at this depth
         self.B, self.T = tokens.shape[0], tokens.shape[1] - 1
 
     def new_case(self, framework, mode, name, plan):
         return {"framework": framework, "plan": plan.name, "n_layer": self.cfg.n_layer, "status": "error",
                 "error": None, "unit_peak": peak_units(self.cfg.n_layer, plan.schedule),
                 **_predictions(framework, self.cfg, self.B, self.T, plan),
-                "in_depth_sweep": self.in_depth_sweep(plan.name)}
+                "in_depth_sweep": plan.name in self.depth_sweep_plans}
 
     def label(self, framework, mode, name):
         return f"{framework} N={self.cfg.n_layer} {name}"
@@ -377,9 +377,9 @@ def run_sweep(sweep: SweepConfig, on_case=None) -> dict:
         names = [*(depth_plans if depth in sweep.depths else []),
                  *(frontier_plans if depth == sweep.frontier_depth else [])]
         names = sorted(dict.fromkeys(names), key=lambda n: n != "none")  # each once, none first
-        in_sweep = (lambda n, d=depth: d in sweep.depths and n in depth_plans)
         run_cases(report, [(n, parse_plan(n)) for n in names], modes,
-                  SweepCases(sweep.config.replace(n_layer=depth), tokens, sweep.timing_repeats, in_sweep),
+                  SweepCases(sweep.config.replace(n_layer=depth), tokens, sweep.timing_repeats,
+                             depth_plans if depth in sweep.depths else ()),
                   Callbacks(on_case=on_case))
     cases = report["cases"]
     _attach_ratios(cases)
