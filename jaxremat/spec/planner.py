@@ -16,7 +16,8 @@ and with one option per segment. A plan cuts the chain into contiguous segments 
 for segment j
 
     K_j = sum_{i in s_j} kept_bytes_i(o_j) + E_j                        (kept from the forward)
-    W_j = B * [o_j checkpointed] + sum_{i in s_j} working_bytes_i(o_j) + E_j  (live in its backward)
+    W_j = B * [o_j checkpointed] + sum_{i in s_j} working_bytes_i(o_j) + E_j + X_j  (live in its backward)
+    X_j = max_{i in s_j} transient_bytes_i(o_j)      (one block's backward temporaries at a time)
     E_j = (len(s_j) - 1) * B * [o_j keeps_block_input]   (inputs of the blocks after the first)
     C_j = sum_{i in s_j} recompute_flops_i(o_j),
 
@@ -66,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Sequence
 
 import numpy as np
@@ -73,7 +75,8 @@ import numpy as np
 from .policies import Policy, parse_policy
 from .segment_plan import PlanSegment, SegmentPlan
 
-__all__ = ["BlockOption", "NoPlanFits", "PlannerResult", "chain_costs", "min_peak_plan", "plan_for_budget"]
+__all__ = ["BlockOption", "Budget", "NoPlanFits", "PlannerResult", "chain_costs", "min_peak_plan", "parse_budget",
+           "plan_for_budget"]
 
 DEFAULT_RESOLUTION = 1000
 """Default number of byte quanta the budget is cut into (see the module docstring)."""
@@ -101,6 +104,9 @@ class BlockOption:
             a segment of L such blocks keeps ``(L - 1) * boundary_bytes`` more, in ``K`` and ``W``.
             Measured on ``jaxremat.remat_scan``: a segment under a policy that keeps anything
             keeps the carry of each block after the first (the inner scan's per-step input).
+        transient_bytes: bytes (int >= 0) live on top of ``working_bytes`` while the block runs
+            backward (its activation gradients and the backward ops' temporaries); a segment is
+            charged the largest of its blocks', once, since its blocks run backward one at a time.
 
     Raises:
         ValueError: a negative or non-integer byte count, ``working_bytes < kept_bytes``, a
@@ -115,13 +121,14 @@ class BlockOption:
     working_bytes: int = 0
     recompute_flops: float = 0.0
     keeps_block_input: bool = False
+    transient_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"a block option needs a non-empty name, got {self.name!r}")
         if not isinstance(self.checkpointed, bool):
             raise ValueError(f"option {self.name!r}: checkpointed must be True or False, got {self.checkpointed!r}")
-        for field in ("kept_bytes", "working_bytes"):
+        for field in ("kept_bytes", "working_bytes", "transient_bytes"):
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ValueError(f"option {self.name!r}: {field} must be an integer >= 0 (bytes), got {v!r}")
@@ -154,9 +161,9 @@ class NoPlanFits(ValueError):
         min_peak_plan: a plan reaching it (a :class:`jaxremat.spec.segment_plan.SegmentPlan`).
     """
 
-    def __init__(self, budget_bytes: int, min_peak_bytes: int, min_peak_plan: SegmentPlan):
+    def __init__(self, budget_bytes: int, min_peak_bytes: int, min_peak_plan: SegmentPlan, message: str | None = None):
         self.budget_bytes, self.min_peak_bytes, self.min_peak_plan = budget_bytes, min_peak_bytes, min_peak_plan
-        super().__init__(
+        super().__init__(message or
             f"no plan fits a budget of {budget_bytes} bytes: the smallest predicted peak activation over every "
             f"one-level segment plan of this menu is {min_peak_bytes} bytes ({min_peak_plan.name}), "
             f"{min_peak_bytes - budget_bytes} bytes more; raise the budget to at least {min_peak_bytes} bytes, "
@@ -223,13 +230,15 @@ class _Menu:
         z = lambda f: np.concatenate([np.zeros((len(first), 1), dtype=np.int64 if f != "recompute_flops" else float),
                                       np.cumsum([[getattr(o, f) for o in opts] for opts in blocks], axis=0).T], axis=1)
         self.kept, self.work, self.flops = z("kept_bytes"), z("working_bytes"), z("recompute_flops")
+        self.trans = np.array([[o.transient_bytes for o in opts] for opts in blocks], dtype=np.int64).T  # (O, N)
         self.ckpt = np.array([o.checkpointed for o in first])
         self.inputs = np.array([boundary_bytes if o.keeps_block_input else 0 for o in first], dtype=np.int64)
 
     def segment(self, a: int, b: int, o: int) -> tuple[int, int, float]:
         """(K, W, C) of blocks [a, b) under option o."""
         extra = (b - a - 1) * int(self.inputs[o])
-        w = int(self.work[o, b] - self.work[o, a]) + (self.boundary if self.ckpt[o] else 0) + extra
+        w = (int(self.work[o, b] - self.work[o, a]) + (self.boundary if self.ckpt[o] else 0) + extra
+             + int(self.trans[o, a:b].max()))
         return int(self.kept[o, b] - self.kept[o, a]) + extra, w, float(self.flops[o, b] - self.flops[o, a])
 
     def all_from(self, a: int):
@@ -237,7 +246,8 @@ class _Menu:
         O = len(self.options)
         extra = np.arange(self.n - a)[None, :] * self.inputs[:, None]  # (L - 1) kept block inputs
         K = (self.kept[:, a + 1:] - self.kept[:, a:a + 1] + extra).T.ravel()
-        W = ((self.work[:, a + 1:] - self.work[:, a:a + 1]) + self.boundary * self.ckpt[:, None] + extra).T.ravel()
+        X = np.maximum.accumulate(self.trans[:, a:], axis=1)  # largest transient of blocks a..b-1
+        W = ((self.work[:, a + 1:] - self.work[:, a:a + 1]) + self.boundary * self.ckpt[:, None] + extra + X).T.ravel()
         C = (self.flops[:, a + 1:] - self.flops[:, a:a + 1]).T.ravel()
         b = np.repeat(np.arange(a + 1, self.n + 1), O)
         o = np.tile(np.arange(O), self.n - a)
@@ -433,3 +443,48 @@ def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_b
         raise AssertionError(f"planner bug: plan peak {peak} > budget {budget}")
     plan, names = _to_plan(menu, segs)
     return PlannerResult(plan, names, peak, flops, budget, least_peak, q, optimal, end)
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+_BUDGET = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(%|[A-Za-z]*)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A memory budget: a fraction of a reference (``50%``: of ``none``'s peak activation bytes) or bytes.
+
+    Attributes:
+        text: the canonical spelling (``"50%"``, ``"12MiB"``, ``"4096B"``).
+        fraction: the fraction of the reference (0 < f <= 1), or None for an absolute budget.
+        bytes: the absolute budget in bytes, or None for a fraction.
+    """
+
+    text: str
+    fraction: float | None = None
+    bytes: int | None = None
+
+    def resolve(self, reference_bytes: int) -> int:
+        """The budget in bytes: ``floor(fraction * reference_bytes)``, or the absolute bytes."""
+        return int(self.bytes) if self.bytes is not None else int(math.floor(self.fraction * reference_bytes))
+
+
+def parse_budget(text: str) -> Budget:
+    """Parse ``N%`` (0 < N <= 100, of the reference) or ``N[B|KB|MB|GB|KiB|MiB|GiB]`` (bytes; 1 KiB = 1024 B).
+
+    Raises:
+        ValueError: anything else, a percentage outside (0, 100], or a budget under one byte.
+    """
+    m = _BUDGET.match(text) if isinstance(text, str) else None
+    if m is None or m.group(2).upper() not in {*_UNITS, "%"}:
+        raise ValueError(f"budget {text!r}: write a percentage of none's peak activation bytes (50%) or bytes "
+                         f"with a unit (12MiB, 800KB, 4096); units: B, KB, MB, GB, KiB, MiB, GiB")
+    value, unit = float(m.group(1)), m.group(2)
+    if unit == "%":
+        if not 0 < value <= 100:
+            raise ValueError(f"budget {text!r}: a percentage must lie in (0%, 100%] (100% is none's own peak)")
+        return Budget(f"{value:g}%", fraction=value / 100)
+    nbytes = int(value * _UNITS[unit.upper()])
+    if nbytes < 1:
+        raise ValueError(f"budget {text!r} is under one byte")
+    spelled = {"KIB": "KiB", "MIB": "MiB", "GIB": "GiB"}.get(unit.upper(), unit.upper() or "B")
+    return Budget(f"{value:g}{spelled}", bytes=nbytes)

@@ -43,7 +43,8 @@ def _model_costs(menus, segs, boundary, invariant):
         ckpt = menus[0][o].checkpointed
         E = (length - 1) * boundary * menus[0][o].keeps_block_input
         K = sum(b.kept_bytes for b in blocks) + E
-        live.append(below + boundary * ckpt + sum(b.working_bytes for b in blocks) + E)
+        live.append(below + boundary * ckpt + sum(b.working_bytes for b in blocks) + E
+                    + max(b.transient_bytes for b in blocks))
         below += boundary + K
         end += K + boundary * ckpt
         flops += sum(b.recompute_flops for b in blocks)
@@ -77,11 +78,11 @@ def _chains(draw, max_n=8, max_options=3):
         for name in names:
             if name == "store":
                 k = draw(st.integers(0, 40))
-                menu.append(BlockOption(name, False, None, k, k, 0))
+                menu.append(BlockOption(name, False, None, k, k, 0, transient_bytes=draw(st.integers(0, 12))))
             else:
                 k = draw(st.integers(0, 20))
                 menu.append(BlockOption(name, True, POLICY_OF[name], k, k + draw(st.integers(0, 30)),
-                                        draw(st.integers(0, 50)), inputs[name]))
+                                        draw(st.integers(0, 50)), inputs[name], draw(st.integers(0, 12))))
         menus.append(menu)
     boundary, invariant = draw(st.integers(0, 15)), draw(st.integers(0, 10))
     return menus, boundary, invariant
