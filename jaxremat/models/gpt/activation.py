@@ -273,10 +273,21 @@ def predict_peak_activation_bytes(framework: str, cfg: TransformerConfig, batch:
     unit, bnd = layer_bytes(framework, cfg, batch, seq), boundary_bytes(cfg, batch, seq)
     inv = stack_invariant_bytes(framework, cfg, batch, seq)
     outside = sum(t.bytes for t in outside_tensors(framework, cfg, batch, seq))
-    logits_grad = batch * seq * cfg.vocab_size * _ITEMSIZE[cfg.dtype]
     stack = max(_chain_peak(segs, unit, bnd, inv if framework == "jax" else 0),
                 predict_saved_bytes(framework, cfg, batch, seq, schedule) - outside)
-    return outside + logits_grad + stack
+    return non_stack_peak_bytes(framework, cfg, batch, seq) + stack
+
+
+def non_stack_peak_bytes(framework: str, cfg: TransformerConfig, batch: int, seq: int) -> int:
+    """Bytes outside the block stack at the backward pass's peak: the tensors kept outside it
+    (:func:`outside_tensors`) and the gradient of the logits (B, T, V) the backward pass starts from.
+
+    :func:`predict_peak_activation_bytes` is this plus the stack's peak; the planner
+    (:func:`jaxremat.planner.plan_gpt`, :func:`torchref.planner.plan_gpt`) gives the stack what a
+    budget leaves after it.
+    """
+    outside = sum(t.bytes for t in outside_tensors(framework, cfg, batch, seq))
+    return outside + batch * seq * cfg.vocab_size * _ITEMSIZE[cfg.dtype]
 
 
 def korthikanti_layer_bytes(batch: int, seq: int, d_model: int, n_head: int, *, bytes_per_element: int = 2,

@@ -1,0 +1,111 @@
+"""The JAX planner menus (jaxremat.planner): measured on the block, checked against the account and the run."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxremat.memory import saved_activation_bytes
+from jaxremat.model import loss_fn
+from jaxremat.models.gpt import activation as am
+from jaxremat.models.params import init_params
+from jaxremat.planner import DEFAULT_MENU, block_options, gpt_block_options, gpt_chain, plan_gpt
+from jaxremat.spec import parse_schedule
+from jaxremat.spec.planner import NoPlanFits, chain_costs
+from jaxremat.models.config import TransformerConfig
+
+CFG = TransformerConfig(arch="gpt", vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
+B, T = 2, 8
+
+
+@pytest.fixture(scope="module")
+def menu():
+    return gpt_block_options(CFG, B, T)
+
+
+def test_menu_lists_store_then_each_policy(menu):
+    assert [o.name for o in menu] == ["store", *DEFAULT_MENU]
+    assert not menu[0].checkpointed and all(o.checkpointed for o in menu[1:])
+
+
+def test_store_keeps_the_accounts_layer_bytes_and_the_measured_block_residuals_agree(menu):
+    assert menu[0].kept_bytes == am.layer_bytes("jax", CFG, B, T)
+    from jaxremat.planner import _gpt_block  # noqa: PLC2701 - the same block the menu measures
+
+    block, params, x = _gpt_block(CFG, B, T)
+    measured = block_options(block, params, x, [])[0].kept_bytes
+    assert measured == am.layer_bytes("jax", CFG, B, T) + am.stack_invariant_bytes("jax", CFG, B, T)
+
+
+def test_recompute_flops_order_and_save_nothing_is_about_one_forward(menu):
+    by = {o.name: o for o in menu}
+    assert by["store"].recompute_flops == 0
+    # keeping more recomputes less: every policy between keeping nothing and keeping the dots
+    for name in ("attention_only", "save_qkv_proj", "mlp_only"):
+        assert by["save_dots"].recompute_flops < by[name].recompute_flops < by["save_nothing"].recompute_flops
+    # save_nothing recomputes the block's forward except its last op (the MLP down-projection, whose output
+    # only the next block reads): the forward's dot FLOPs less that dot, within the elementwise FLOPs
+    D, F, H = CFG.d_model, CFG.d_ff, CFG.n_head
+    hd = D // H
+    dots = 2 * B * T * D * 3 * D + 2 * 2 * B * H * T * T * hd + 2 * B * T * D * D + 2 * B * T * D * F
+    assert dots <= by["save_nothing"].recompute_flops < dots + 2 * B * T * D * F
+
+
+def test_a_planned_plan_runs_bitwise_and_no_policy_plans_keep_what_the_chain_predicts():
+    chain = gpt_chain(CFG, B, T)
+    fixed = chain["fixed_bytes"]
+    none_peak = am.predict_peak_activation_bytes("jax", CFG, B, T, parse_schedule("none"))
+    r = plan_gpt(CFG, B, T, int(0.7 * none_peak), ["save_nothing"])
+    assert r.peak_bytes <= int(0.7 * none_peak) and r.recompute_flops > 0
+    params = {k: jnp.asarray(v) for k, v in init_params(CFG).items()}
+    tok = jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (B, T + 1)), jnp.int32)
+    outside = sum(t.bytes for t in am.outside_tensors("jax", CFG, B, T))
+    measured = saved_activation_bytes(lambda p: loss_fn(p, tok, CFG, r.plan), params)
+    # A stored one-layer segment runs isolated (a trip count of 1, jaxremat.segment_vjp._scan), and its two
+    # LayerNorm weights' (1, 1, D) broadcasts come out of that lax.cond as residuals of their own: 2 D
+    # floats more than the account's per-layer tensors, per such segment.
+    one_layer_stored = sum(1 for s in r.plan.segments if not s.checkpointed and s.length == 1)
+    assert measured == outside + r.saved_bytes + one_layer_stored * 2 * CFG.d_model * 4
+    g_plan = jax.grad(lambda p: loss_fn(p, tok, CFG, r.plan))(params)
+    g_none = jax.grad(lambda p: loss_fn(p, tok, CFG, parse_schedule("none")))(params)
+    for k in g_none:
+        assert np.asarray(g_plan[k]).tobytes() == np.asarray(g_none[k]).tobytes(), k
+    segs = [(s.length, "save_nothing" if s.checkpointed else "store") for s in r.plan.segments]
+    assert chain_costs(chain["options_per_block"], segs, chain["boundary_bytes"],
+                       chain["invariant_bytes"])[0] + fixed == r.peak_bytes
+
+
+def test_no_plan_fits_names_the_least_peak_on_the_budgets_scale():
+    with pytest.raises(NoPlanFits) as e:
+        plan_gpt(CFG, B, T, 1000)
+    fixed = gpt_chain(CFG, B, T)["fixed_bytes"]
+    assert e.value.min_peak_bytes > fixed and e.value.budget_bytes == 1000
+    assert "raise the budget to at least" in str(e.value)
+
+
+def test_a_users_own_block_gets_a_measured_menu():
+    def block(p, x):
+        return x + jnp.tanh(x @ p["w1"]) @ p["w2"]
+
+    params = {"w1": jax.ShapeDtypeStruct((8, 32), jnp.float32), "w2": jax.ShapeDtypeStruct((32, 8), jnp.float32)}
+    x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    opts = block_options(block, params, x, ["save_nothing", "save_dots"])
+    assert opts[0].kept_bytes == saved_activation_bytes(lambda p, h: jnp.sum(block(p, h)), params, x)
+    assert opts[1].kept_bytes == 0 and opts[1].recompute_flops >= 2 * 4 * 8 * 32
+    assert opts[2].kept_bytes > 0 and opts[2].recompute_flops < opts[1].recompute_flops
+
+
+@pytest.mark.parametrize("policies, match", [
+    (["qkv_proj_offloaded"], "offloads"), (["save_everything"], "never better"),
+    (["save_dots", "save_dots"], "distinct"), ("save_dots", "list of policy names"), (["nope"], "unknown"),
+])
+def test_bad_menus_are_refused(policies, match):
+    with pytest.raises(ValueError, match=match):
+        gpt_block_options(CFG, B, T, policies)
+
+
+def test_other_families_and_dropout_are_refused():
+    with pytest.raises(ValueError, match="dropout"):
+        gpt_block_options(CFG.replace(dropout=0.1), B, T)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        plan_gpt(CFG, B, T, -1)
