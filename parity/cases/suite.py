@@ -19,6 +19,7 @@ from jaxremat.spec.plan import RematPlan, parse_plan
 from jaxremat.spec.policies import POLICIES
 
 from parity.cases import stress
+from parity.cases.budget_plan import BudgetRequest, parse_case_plan, resolve
 from parity.cases.loop import FRAMEWORK_MODES, Callbacks, run_cases
 from parity.cases.record import fill_case, new_case
 from parity.checks.compare import cross_check, tolerance_for
@@ -64,6 +65,9 @@ class SuiteConfig:
         hparams: optimizer settings of the trained-weights check.
         timing_repeats: timed training steps per case (median reported), after one warm-up.
         seed: seed of the weights and of the token windows.
+        modes: the (framework, mode) pairs to run, a subset of
+            :data:`parity.cases.loop.FRAMEWORK_MODES` (None: all of them; ``python -m parity plan``
+            runs JAX under ``jit`` only).
     """
 
     name: str
@@ -74,16 +78,26 @@ class SuiteConfig:
     hparams: AdamWConfig = AdamWConfig()
     timing_repeats: int = 5
     seed: int = 0
+    modes: tuple[tuple[str, str], ...] | None = None
 
-    def schedule_objects(self) -> list[tuple[str, RematPlan]]:
-        """``[(canonical name, plan)]`` with ``none`` first; raises ValueError on a bad name."""
-        parsed = [parse_plan(s) for s in self.schedules]
+    def schedule_objects(self) -> list[tuple[str, "RematPlan | BudgetRequest"]]:
+        """``[(canonical name, plan)]`` with ``none`` first; raises ValueError on a bad name.
+
+        ``plan(50%)`` and ``best_uniform(12MiB)`` are :class:`parity.cases.budget_plan.BudgetRequest` s,
+        resolved when their case runs.
+        """
+        parsed = [parse_case_plan(s) for s in self.schedules]
         out, seen = [], set()
         for plan in [parse_plan("none")] + parsed:
             if plan.name not in seen:
                 seen.add(plan.name)
                 out.append((plan.name, plan))
         for _, plan in out:  # resolve now so s > n_layer fails before any work starts
+            if isinstance(plan, BudgetRequest):
+                if getattr(self.preset.config, "arch", "gpt") != "gpt" or self.preset.config.dropout:
+                    raise ValueError(f"{plan.name}: budget plans are planned from the GPT block's menus without "
+                                     f"dropout; model {self.preset.name!r} is not such a model (use --model gpt-small)")
+                continue
             plan.segments_for(self.preset.config.n_layer)
             for p in plan.policies:
                 if ("torch" in self.frameworks and "block_input" in (p.kept_names | p.offloaded_names)
@@ -160,6 +174,8 @@ def _cross_rows(schedules, dtype: str, results: dict, cfg, params, tokens) -> li
         scale = loss_term_scale(cfg, params, tokens)
     except Exception as exc:  # recorded on every row, and the suite goes on
         failure = f"the loss's term scale could not be computed: {type(exc).__name__}: {exc}"
+    results = {k: v.result if isinstance(v, _Planned) else v for k, v in results.items()}
+    # a budget case compares the two frameworks' own plans for one budget: remat changes no math
     return [_cross(name, dtype, results.get(("jax", "jit", name)) or results.get(("jax", "eager", name)),
                    results.get(("torch", "eager", name)), scale, failure) for name, _ in schedules]
 
@@ -168,7 +184,8 @@ def _runs(suite: SuiteConfig, framework: str, mode: str, dropout: float) -> bool
     """Whether ``framework``/``mode`` runs at this dropout rate (JAX op by op only at the preset's eager_dropouts)."""
     eager_dropouts = suite.preset.eager_dropouts
     skip_eager = (framework, mode) == ("jax", "eager") and eager_dropouts is not None and dropout not in eager_dropouts
-    return framework in suite.frameworks and not skip_eager
+    chosen = suite.modes is None or (framework, mode) in suite.modes
+    return framework in suite.frameworks and not skip_eager and chosen
 
 
 def count_cases(suite: SuiteConfig) -> int:
@@ -180,6 +197,14 @@ def count_cases(suite: SuiteConfig) -> int:
     return len(suite.dtypes) * modes * len(suite.schedule_objects())
 
 
+@dataclasses.dataclass(frozen=True)
+class _Planned:
+    """A budget case's run: the resolution (plan, attempts) and the result of the plan it reports."""
+
+    resolution: object
+    result: RunResult
+
+
 @dataclasses.dataclass
 class _SuiteCases:
     """The quick and full suites' cases at one dtype and dropout rate (a :class:`parity.cases.loop.CaseSet`)."""
@@ -189,14 +214,21 @@ class _SuiteCases:
     params: dict
     tokens: object
     names_cache: dict = dataclasses.field(default_factory=dict)
+    refs: dict = dataclasses.field(default_factory=dict)  # (framework, mode) -> none's run
+    resolved: dict = dataclasses.field(default_factory=dict)  # (framework, budget case) -> its Resolution
 
     def new_case(self, framework, mode, name, plan):
+        if isinstance(plan, BudgetRequest):  # what the plan predicts is filled in once it is chosen
+            case = new_case(framework, mode, name, parse_plan("none"), self.cfg, self.suite.preset.name)
+            case.update(policy=None, predicted_peak_units=None, predicted_unit_ratio=None, recomputed_blocks=None,
+                        budget=plan.budget.text, resolved_plan=None)
+            return case
         return new_case(framework, mode, name, plan, self.cfg, self.suite.preset.name)
 
     def label(self, framework, mode, name):
         return f"{framework}/{mode} {self.cfg.dtype} {name}"
 
-    def run(self, framework, mode, plan, *, again):
+    def _run(self, framework, mode, plan, *, again):
         if again:  # the reference's second run: determinism, one timed step
             suite = dataclasses.replace(self.suite, timing_repeats=1)
             return run_framework(framework, mode, self.cfg, self.params, self.tokens, plan, suite,
@@ -206,9 +238,29 @@ class _SuiteCases:
         return run_framework(framework, mode, self.cfg, self.params, self.tokens, plan, self.suite,
                              with_reverse_loop=plan.name != "none" and (framework, mode) != ("jax", "jit"))
 
+    def run(self, framework, mode, plan, *, again):
+        if not isinstance(plan, BudgetRequest):
+            return self._run(framework, mode, plan, again=again)
+        key = (framework, plan.name)
+        if key in self.resolved:  # JAX op by op: the plan chosen and measured under jit
+            r = self.resolved[key]
+            return _Planned(r, self._run(framework, mode, r.plan, again=False))
+        B, T = self.suite.preset.batch_size, self.suite.preset.seq_len
+        r = resolve(plan, framework, self.cfg, B, T, self.refs[(framework, mode)],
+                    lambda p: self._run(framework, mode, p, again=False))
+        self.resolved[key] = r
+        return _Planned(r, r.result)
+
     def check(self, case, framework, mode, plan, res, ref, again):
         B, T = self.suite.preset.batch_size, self.suite.preset.seq_len
+        planned = res if isinstance(res, _Planned) else None
+        if planned is not None:
+            res, plan = planned.result, planned.resolution.plan
+            base = new_case(framework, mode, plan.name, plan, self.cfg, self.suite.preset.name)
+            case.update({k: base[k] for k in ("policy", "predicted_peak_units", "predicted_unit_ratio",
+                                                 "recomputed_blocks")}, resolved_plan=plan.name)
         if again is not None:
+            self.refs[(framework, mode)] = res
             fill_case(case, dataclasses.replace(again, step_time_s=res.step_time_s, step_times_s=res.step_times_s), ref)
         else:
             _check_kept(case, framework, self.cfg, self.suite, plan, res, ref, self.names_cache)
@@ -216,6 +268,29 @@ class _SuiteCases:
         attach_predictions(case, framework, self.cfg, B, T, plan, res)
         if again is None:
             attach_saving(case, framework, self.cfg, B, T, plan, res, ref)
+        if planned is not None:
+            _attach_budget(case, framework, self.cfg, B, T, planned.resolution, res)
+
+
+def _attach_budget(case: dict, framework: str, cfg, B: int, T: int, r, res: RunResult) -> None:
+    """A budget case's fields: the budget, every plan tried, the last one's predictions; ``over_budget``
+    when its measured peak activation exceeds the budget."""
+    last = r.last
+    spec = get_model(cfg.arch)
+    outside = sum(t.bytes for t in spec.load("activation_account").outside_tensors(framework, cfg, B, T))
+    measured = res.memory.peak_activation_bytes
+    case.update(budget_bytes=r.budget_bytes, budget_offset_bytes=r.offset_bytes, budget_attempts=list(r.attempts),
+                planned_recompute_flops=last["recompute_flops"],
+                predicted_saved_bytes=outside + last["predicted_stack_saved_bytes"],
+                predicted_peak_activation_bytes=last["predicted_peak_activation_bytes"],
+                peak_activation_bytes=measured, within_budget=measured is not None and measured <= r.budget_bytes)
+    case["saved_gap"] = ((case["predicted_saved_bytes"] - res.memory.saved_bytes) / res.memory.saved_bytes
+                         if res.memory.saved_bytes else None)
+    case["peak_gap"] = ((case["predicted_peak_activation_bytes"] - measured) / measured if measured else None)
+    if not case["within_budget"] and case["status"] == "pass":
+        case["status"] = "over_budget"
+        case["error"] = (f"measured peak activation {measured} bytes > budget {r.budget_bytes} bytes after "
+                         f"{len(r.attempts)} plan(s) ({', '.join(a['plan'] for a in r.attempts)})")
 
 
 def _peer_rows(spec, suite: SuiteConfig, cfg, params, tokens, dtype: str) -> list[dict]:

@@ -21,13 +21,15 @@ from jaxremat.spec.policies import POLICY_NAMES
 
 from parity.cli.util import OneLineParser, ascii_int, split_list
 from parity.inputs.presets import PRESETS, get_preset
-from jaxremat.spec.plan import parse_plan
+from parity.cases.budget_plan import parse_case_plan
 from parity.cases.loop import FRAMEWORK_MODES
 from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.cli.budget import check_device_fits, check_fits, run_estimate
 from parity.cli.checks import check_jax_platform
 from parity.cli.checks import out_path, unique_items
+from parity.cli.plan import add_parser as add_plan_parser
+from parity.cli.plan import cmd_plan
 from parity.cli.sweep import add_parser as add_sweep_parser
 from parity.cli.sweep import cmd_sweep
 from parity.inputs.checkpoints import check_weights_file
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
 
     add_sweep_parser(sub)
+    add_plan_parser(sub)
     return parser
 
 
@@ -111,7 +114,7 @@ def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | 
     if args.schedules is not None:
         if not split_list(args.schedules):
             raise ValueError(f"--schedules is empty; valid forms: {', '.join(SCHEDULE_NAMES)}")
-        schedules = unique_items("--schedules", args.schedules, canonical=lambda s: parse_plan(s).name)
+        schedules = unique_items("--schedules", args.schedules, canonical=lambda s: parse_case_plan(s).name)
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.repeats is not None and args.repeats < 1:
@@ -230,8 +233,9 @@ def main(argv=None) -> int:
     if args.command == "run":
         return cmd_run(args)
     if args.command == "sweep":
-
         return cmd_sweep(args)
+    if args.command == "plan":
+        return cmd_plan(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -134,3 +134,48 @@ def write_plots(report: dict, out_dir: Path) -> dict[str, str]:
         files.pop("frontier")
     plot_block_bytes(report, out_dir / files["block_bytes"])
     return files
+
+
+def plot_budget_frontier(report: dict, path: Path) -> Path:
+    """``python -m parity plan --frontier``: recompute FLOPs and step-time ratio against measured peak
+    activation bytes, one point per budget: the planner's plan, the best uniform plan, and (PyTorch)
+    ``torch.compile`` at the same ``activation_memory_budget``; every point is measured (peak and time),
+    the FLOPs are the menu's count (the compiled points': FlopCounterMode's). Returns ``path``."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    colors = {"jax": "C0", "torch": "C1"}
+    for who, marker, fill in (("planner", "o", True), ("uniform", "s", False)):
+        for fw in dict.fromkeys(r["framework"] for r in report["plan_rows"]):
+            pts = [r[who] for r in report["plan_rows"] if r["framework"] == fw and r[who]
+                   and r[who].get("peak_activation_bytes") and r[who].get("recompute_flops") is not None]
+            pts.sort(key=lambda c: c["peak_activation_bytes"])
+            if not pts:
+                continue
+            label = f"{fw} {'planner' if who == 'planner' else 'best uniform plan'} (measured)"
+            style = dict(marker=marker, color=colors[fw], markerfacecolor=colors[fw] if fill else "none",
+                         linestyle=_STYLE[fw], label=label)
+            axes[0].plot([c["peak_activation_bytes"] / 2**20 for c in pts], [c["recompute_flops"] / 1e6 for c in pts],
+                         **style)
+            timed = [c for c in pts if c.get("time_overhead") is not None]
+            axes[1].plot([c["peak_activation_bytes"] / 2**20 for c in timed], [c["time_overhead"] for c in timed],
+                         **style)
+    comp = sorted((p for p in report.get("compiled") or [] if not p.get("error") and p.get("peak_activation_bytes")),
+                  key=lambda p: p["peak_activation_bytes"])
+    if comp:
+        label = f"torch.compile {comp[0].get('backend', '')} activation_memory_budget (measured)"
+        axes[0].plot([p["peak_activation_bytes"] / 2**20 for p in comp], [p["recompute_flops"] / 1e6 for p in comp],
+                     marker="x", color="C3", linestyle=":", label=label)
+        for p in comp:
+            axes[0].annotate(f"{float(p['budget_fraction']):g}" if "budget_fraction" in p else str(p["budget"]),
+                             (p["peak_activation_bytes"] / 2**20, p["recompute_flops"] / 1e6), fontsize=7,
+                             textcoords="offset points", xytext=(3, 3))
+        timed = [p for p in comp if p.get("time_overhead") is not None]
+        axes[1].plot([p["peak_activation_bytes"] / 2**20 for p in timed], [p["time_overhead"] for p in timed],
+                     marker="x", color="C3", linestyle=":", label=label)
+    axes[0].set_ylabel("recompute per step (MFLOP)")
+    axes[1].set_ylabel("step time / none's step time (measured)")
+    for ax in axes:
+        ax.set_xlabel("peak activation bytes of one step (MiB, measured)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"remat plans for a memory budget: {report.get('model')}")
+    return _save(fig, path)

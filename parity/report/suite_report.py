@@ -141,18 +141,19 @@ def _fmt_range(r) -> str:
     return "-" if not r else f"{r[0]:.2f}-{r[1]:.2f}"
 
 
-_VERDICT_WORDS = {"fail": "failed", "no_saving": "saved no memory", "error": "errored"}
+_VERDICT_WORDS = {"fail": "failed", "no_saving": "saved no memory", "over_budget": "went over their memory budget",
+                  "error": "errored"}
 
 
 def verdict(report: dict) -> str:
     """One line: passed or not, how many cases and comparisons, and how many timings beat their noise."""
     cases = report["cases"]
-    counts = {k: sum(c["status"] == k for c in cases) for k in ("pass", "fail", "no_saving", "error")}
+    counts = {k: sum(c["status"] == k for c in cases) for k in ("pass", "fail", "no_saving", "over_budget", "error")}
     cross = report.get("cross_framework") or []
     head = ("INCOMPLETE" if report.get("complete") is False else
             "PASS" if report_passed(report) else "FAIL")
     parts = [f"{counts['pass']} of {len(cases)} cases passed"
-             + "".join(f", {counts[k]} {_VERDICT_WORDS[k]}" for k in ("fail", "no_saving", "error") if counts[k])]
+             + "".join(f", {counts[k]} {_VERDICT_WORDS[k]}" for k in ("fail", "no_saving", "over_budget", "error") if counts[k])]
     if cross:
         parts.append(f"JAX vs PyTorch within tolerance in {sum(bool(x['ok']) for x in cross)} of {len(cross)}")
     timed = [c for c in cases if c.get("time_overhead_range") and c["schedule"] != "none"]
@@ -214,7 +215,7 @@ def print_tables(report: dict, console: Console | None = None) -> None:
     for col in columns:
         t.add_column(col, justify="right" if col not in ("framework", "mode", "dtype", "schedule", "status") else "left")
     for c, row in zip(report["cases"], rows):
-        style = {"pass": None, "fail": "red", "no_saving": "red", "error": "bold red"}.get(c["status"])
+        style = {"pass": None, "fail": "red", "no_saving": "red", "over_budget": "red", "error": "bold red"}.get(c["status"])
         t.add_row(*map(Text, row), style=style)
     console.print(t)
     if report.get("peer"):

@@ -1,0 +1,239 @@
+"""Plans for a memory budget, as cases of the one case loop: ``plan(50%)`` and ``best_uniform(50%)``.
+
+``plan(BUDGET)`` is the planner's plan (:func:`jaxremat.planner.plan_gpt` in JAX,
+:func:`torchref.planner.plan_gpt` in PyTorch: least recompute within the budget over one-level
+segment plans with a policy per segment); ``best_uniform(BUDGET)`` is the uniform plan of least
+recompute that fits the same budget (``full``, ``every_k(k)``, ``segments(s)``, ``sqrt``, each
+with no policy or one of the menu's policies, predicted by the same menu and chain model).
+``BUDGET`` is a percentage of ``none``'s *measured* peak activation bytes in the same framework
+(``50%``) or bytes with a unit (``12MiB``; :func:`jaxremat.spec.planner.parse_budget`): ``plan(4096)``,
+without a unit, is the segment plan of one segment of 4096 blocks, as before.
+
+A budget plan is resolved when its case runs, once ``none`` has been measured:
+
+1. the budget in bytes (a percentage of ``none``'s measured peak activation);
+2. the offset of the measurement over the model, ``max(0, measured - predicted)`` of ``none``
+   (what the per-tensor model leaves out: single ops' working buffers, XLA's layout copies), is
+   taken off the budget, and the plan is chosen for what remains;
+3. the plan runs (the framework's one measurement path, checked bitwise against ``none`` as every
+   case is); when its measured peak activation still exceeds the budget, the planner is asked
+   again with the target lowered by the overshoot, up to :data:`MAX_ATTEMPTS` times. Every attempt
+   is recorded in the case (``budget_attempts``); the case reports the last one, and a measured
+   peak over budget is the status ``over_budget``, a failure.
+
+JAX op by op reuses the plan resolved under ``jit`` (the compiled program is what is measured).
+"""
+
+from __future__ import annotations
+
+# Deferred imports: the JAX and PyTorch menus (jaxremat.planner, torchref.planner) load their framework; each is
+# imported on first use so a one-framework run never loads the other.
+
+import dataclasses
+import re
+from typing import Callable
+
+from jaxremat.spec.plan import RematPlan, parse_plan
+from jaxremat.spec.planner import Budget, NoPlanFits, chain_costs, min_peak_plan, parse_budget, plan_for_budget
+from jaxremat.spec.policies import parse_policy
+from jaxremat.spec.schedules import parse_schedule
+
+__all__ = ["BudgetRequest", "MAX_ATTEMPTS", "Resolution", "parse_case_plan", "resolve", "uniform_candidates"]
+
+MAX_ATTEMPTS = 4
+"""Plans tried per budget case before the last is reported (module docstring, step 3)."""
+
+_REQUEST = re.compile(r"^\s*(plan|best_uniform)\(\s*([^(),]*?)\s*\)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetRequest:
+    """``plan(BUDGET)`` or ``best_uniform(BUDGET)``: a plan chosen for a memory budget when its case runs.
+
+    Attributes:
+        kind: ``"plan"`` (the planner) or ``"best_uniform"`` (the best uniform plan).
+        budget: the :class:`jaxremat.spec.planner.Budget`.
+    """
+
+    kind: str
+    budget: Budget
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}({self.budget.text})"
+
+
+def parse_case_plan(text: "str | RematPlan | BudgetRequest") -> "RematPlan | BudgetRequest":
+    """A case's plan: ``plan(50%)`` / ``best_uniform(12MiB)`` as a :class:`BudgetRequest`, else
+    :func:`jaxremat.spec.plan.parse_plan` (``plan(3+save_dots,5)`` is a segment plan, as always).
+
+    Raises:
+        ValueError: a bad budget (:func:`jaxremat.spec.planner.parse_budget`) or a bad plan.
+    """
+    if isinstance(text, (RematPlan, BudgetRequest)):
+        return text
+    m = _REQUEST.match(text) if isinstance(text, str) else None
+    if m and (m.group(1) == "best_uniform" or re.search(r"[%A-Za-z]", m.group(2))):
+        if "+" in m.group(2) or ":" in m.group(2) or "*" in m.group(2):
+            return parse_plan(text)
+        try:
+            return BudgetRequest(m.group(1), parse_budget(m.group(2)))
+        except ValueError as exc:
+            raise ValueError(f"{text!r}: {exc}") from None
+    return parse_plan(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """What resolving a budget case gave.
+
+    Attributes:
+        plan: the :class:`jaxremat.spec.plan.RematPlan` run last.
+        result: its run (the runner's result).
+        budget_bytes: the budget in bytes.
+        attempts: one dict per plan tried: ``plan``, ``target_bytes`` (what the planner was given),
+            ``predicted_peak_activation_bytes``, ``predicted_saved_bytes`` (of the stack and the
+            tensors outside it), ``recompute_flops``, ``measured_peak_activation_bytes``, ``within_budget``.
+        offset_bytes: ``none``'s measured peak activation less its prediction (>= 0), taken off the budget.
+    """
+
+    plan: RematPlan
+    result: object
+    budget_bytes: int
+    attempts: tuple
+    offset_bytes: int
+
+    @property
+    def last(self) -> dict:
+        return self.attempts[-1]
+
+
+def _chain(framework: str, cfg, batch: int, seq: int, policies) -> dict:
+    if framework == "jax":
+        from jaxremat.planner import gpt_chain
+    else:
+        from torchref.planner import gpt_chain
+    return gpt_chain(cfg, batch, seq, policies)
+
+
+def _uniform_segments(plan: RematPlan, n: int) -> list[tuple[int, str]]:
+    opt = plan.policy.name
+    return [(s.length, opt if s.checkpointed else "store") for s in plan.segments_for(n)]
+
+
+def uniform_candidates(n_layer: int, policies) -> list[RematPlan]:
+    """Every uniform plan the comparison considers at depth N: ``full``, ``every_k(k)`` (2 <= k < N),
+    ``segments(s)`` (1 <= s <= N), ``sqrt``, each with no policy or one of ``policies``, deduplicated
+    by the segments they resolve to (``nested`` plans are left out, as they are of the planner's space)."""
+    schedules = ["full", *(f"every_k({k})" for k in range(2, n_layer)),
+                 *(f"segments({s})" for s in range(1, n_layer + 1)), "sqrt"]
+    out, seen = [], set()
+    for pol in policies:
+        for sch in schedules:
+            plan = RematPlan(parse_schedule(sch), parse_policy(pol))
+            try:
+                key = (tuple((s.length, s.checkpointed) for s in plan.segments_for(n_layer)), plan.policy.name)
+            except ValueError:
+                continue
+            if key not in seen:
+                seen.add(key)
+                out.append(plan)
+    return out
+
+
+def _choose(request: BudgetRequest, chain: dict, n: int, target: int) -> tuple[RematPlan, dict]:
+    """The plan for ``target`` bytes (whole-step peak activation) and its predictions."""
+    fixed = chain["fixed_bytes"]
+    opts, bnd, inv = chain["options_per_block"], chain["boundary_bytes"], chain["invariant_bytes"]
+    if request.kind == "plan":
+        try:
+            r = plan_for_budget(opts, max(0, target - fixed), bnd, inv)
+        except NoPlanFits as exc:
+            raise NoPlanFits(target, exc.min_peak_bytes + fixed, exc.min_peak_plan) from None
+        return RematPlan(r.plan), {"predicted_peak_activation_bytes": r.peak_bytes + fixed,
+                                   "predicted_stack_saved_bytes": r.saved_bytes, "recompute_flops": r.recompute_flops}
+    names = [o.name for o in opts[0]]
+    best = None
+    for plan in uniform_candidates(n, [m for m in names if m != "store"]):
+        peak, flops, saved = chain_costs(opts, _uniform_segments(plan, n), bnd, inv)
+        if peak + fixed <= target and (best is None or (flops, peak) < best[0]):
+            best = ((flops, peak), plan, saved)
+    if best is None:
+        least, least_plan = min_peak_plan(opts, bnd, inv)
+        raise NoPlanFits(target, least + fixed, least_plan)
+    (flops, peak), plan, saved = best
+    return plan, {"predicted_peak_activation_bytes": peak + fixed, "predicted_stack_saved_bytes": saved,
+                  "recompute_flops": flops}
+
+
+def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, ref, run: Callable[[RematPlan], object],
+            *, policies=None, predicted_none: int | None = None) -> Resolution:
+    """Choose, run and if need be re-choose the plan of a budget case (module docstring).
+
+    Args:
+        request: the budget case.
+        framework: ``"jax"`` or ``"torch"``.
+        cfg, batch, seq: the GPT and the batch's shape.
+        ref: ``none``'s run in this framework (its ``memory.peak_activation_bytes`` is the reference).
+        run: ``plan -> result`` (the case set's runner; results carry ``memory``).
+        policies: the menu's checkpoint options (None: the framework's ``DEFAULT_MENU``).
+        predicted_none: ``none``'s predicted peak activation (None: the chain model's all-store plan).
+
+    Raises:
+        jaxremat.spec.planner.NoPlanFits: no plan of the space is predicted to fit the (offset) budget.
+        ValueError: a family without an activation account, or ``none`` without a measured peak.
+    """
+    if getattr(cfg, "arch", "gpt") != "gpt":
+        raise ValueError(f"budget plans need the GPT block's menus; model family {cfg.arch!r} has none yet")
+    measured_none = ref.memory.peak_activation_bytes if ref.memory is not None else None
+    if not measured_none:
+        raise ValueError("none's peak activation bytes were not measured; a budget plan needs them")
+    if policies is None:
+        policies = _default_menu(framework)
+    chain = _chain(framework, cfg, batch, seq, tuple(policies))
+    n = cfg.n_layer
+    if predicted_none is None:
+        predicted_none = chain["fixed_bytes"] + chain_costs(chain["options_per_block"], [(n, "store")],
+                                                            chain["boundary_bytes"], chain["invariant_bytes"])[0]
+    budget = request.budget.resolve(measured_none)
+    offset = max(0, int(measured_none) - int(predicted_none))
+    target = budget - offset
+    attempts: list[dict] = []
+    last = None
+    for _ in range(MAX_ATTEMPTS):
+        try:
+            plan, pred = _choose(request, chain, n, target)
+        except NoPlanFits as exc:
+            if not attempts:
+                need = exc.min_peak_bytes + offset
+                raise NoPlanFits(budget, need, exc.min_peak_plan,
+                                 f"{request.name}: no plan fits: the budget is {budget} bytes"
+                                 + (f" ({request.budget.text} of none's measured peak activation, {measured_none} bytes)"
+                                    if request.budget.fraction is not None else "")
+                                 + f"; the smallest predicted peak activation of the planner's space is "
+                                 f"{exc.min_peak_bytes} bytes ({exc.min_peak_plan.name}), plus {offset} bytes by which "
+                                 f"none's measurement exceeds the model: about {need} bytes"
+                                 + (f", {100 * need / measured_none:.0f}% of none's" if measured_none else "")
+                                 + "; raise the budget to that, or shrink the batch or the sequence") from None
+            attempts[-1]["next"] = f"no plan is predicted to fit the lowered target: {exc}"
+            break
+        if last is not None and plan.name == last[0].name:
+            break  # the lowered target chose the same plan: nothing new to measure
+        res = run(plan)
+        last = (plan, res)
+        measured = res.memory.peak_activation_bytes
+        attempts.append({"plan": plan.name, "target_bytes": int(target), **pred,
+                         "measured_peak_activation_bytes": measured,
+                         "within_budget": measured is not None and measured <= budget})
+        if measured is None or measured <= budget:
+            break
+        target -= measured - budget
+    return Resolution(last[0], last[1], budget, tuple(attempts), offset)
+
+
+def _default_menu(framework: str) -> tuple:
+    if framework == "jax":
+        from jaxremat.planner import DEFAULT_MENU
+    else:
+        from torchref.planner import DEFAULT_MENU
+    return DEFAULT_MENU
