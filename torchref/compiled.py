@@ -64,7 +64,8 @@ PEAK_SOURCE = ("torchref.live_bytes (storages allocated during the step, the com
                "+ parameters, buffers and gradients")
 PEAK_ACTIVATION_SOURCE = "torchref.live_bytes (storages allocated during the step; = MemTracker less PARAM, GRAD, OPT)"
 FLOPS_SOURCE = ("torch.utils.flop_counter.FlopCounterMode around one forward+backward of the compiled function "
-                "called directly (the aot_eager graphs run aten ops the mode sees)")
+                "called directly (the graphs' matmuls reach the mode as aten ops: aot_eager runs aten ops, inductor "
+                "calls aten's matmul kernels)")
 
 
 @dataclasses.dataclass(frozen=True)
