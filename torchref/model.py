@@ -196,7 +196,10 @@ class GPT(nn.Module):
             raise ValueError(f"token ids must be an integer tensor, got {idx.dtype}")
         if idx.shape[1] > cfg.max_seq_len:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq_len={cfg.max_seq_len}")
-        if idx.numel():
+        # Under torch.compile the value check is skipped: ``int(idx.min())`` is data-dependent and
+        # breaks the graph (dynamo cannot branch on an unbacked value; ``fullgraph=True`` fails).
+        # Compiled callers check eagerly first (:func:`torchref.compiled.measure_compiled` does).
+        if idx.numel() and not torch.compiler.is_compiling():
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= cfg.vocab_size:
                 raise ValueError(f"token ids must lie in [0, vocab_size={cfg.vocab_size}), got min {lo} max {hi}")

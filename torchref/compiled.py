@@ -1,0 +1,401 @@
+"""PyTorch's own compiler-assisted remat, measured the way the eager plans are.
+
+:func:`measure_compiled` compiles the GPT's loss (schedule ``none``) with ``torch.compile`` while
+``torch._functorch.config.activation_memory_budget`` holds a budget. AOT Autograd's min-cut
+partitioner (``torch._functorch.partitioners.min_cut_rematerialization_partition``) then decides
+which forward values the backward keeps and which it recomputes: at budget 1.0 it keeps what the
+min-cut chooses (the default partitioner), below 1.0 it recomputes more until the saved bytes fit
+the budget's fraction of what 1.0 would keep. The measurement then counts, with the project's own
+counters, the saved bytes (:class:`torchref.memory.SavedActivationRecorder`), the step's peak
+(:func:`torchref.live_bytes.step_peak_bytes`, the depth sweep's ``live_bytes`` counter, and
+MemTracker via :func:`torchref.memory.peak_step_bytes`), the FLOPs of one step
+(``torch.utils.flop_counter.FlopCounterMode``), the step time and how far loss and gradients are
+from eager ``none``.
+
+Two facts of torch 2.13 shape the measurement (checked by ``tests/torchref/test_compiled.py``):
+
+- Dynamo does not compile, and with ``fullgraph=True`` refuses to run, a frame while a
+  non-infra ``TorchDispatchMode`` is active ("non-infra torch dispatch mode present"):
+  ``FlopCounterMode``, :class:`torchref.live_bytes.LiveBytesTracker` and MemTracker are such
+  modes. Without ``fullgraph`` the frame would silently run *eagerly* under the counter. So the
+  measurement wraps the backend: the callable the backend returns (AOT Autograd's compiled
+  function, the one the compiled frame calls) is kept with the arguments Dynamo passed it, and the
+  counters run that callable directly. The saved bytes are the same through the frame and
+  through the callable (tested).
+- :meth:`torchref.model.GPT.check_inputs` reads token values (``int(idx.min())``) and branches on
+  them, a data-dependent graph break; it skips that check while compiling and
+  :func:`measure_compiled` checks the tokens eagerly first, so the loss compiles as one graph
+  (``fullgraph=True``).
+
+Run ``python -m torchref.compiled --budgets 1,0.5,0.2,0.1,0.05 --threads 1`` for the table of
+``docs/torch-compile-budget.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+import torch._dynamo
+import torch._functorch.config
+from torch.utils.flop_counter import FlopCounterMode
+
+from jaxremat.models.config import TransformerConfig
+from jaxremat.models.params import init_params
+from jaxremat.spec import parse_schedule
+
+from .live_bytes import step_peak_bytes
+from .memory import SavedActivationRecorder, peak_step_bytes
+from .model import GPT, split_tokens
+from .render import model_loss
+
+BACKENDS = ("aot_eager_decomp_partition", "inductor")
+"""The backends :func:`measure_compiled` accepts: both run AOT Autograd with the min-cut partitioner."""
+
+SAVED_SOURCE = ("torchref.memory.SavedActivationRecorder (saved_tensors_hooks) around one forward of the "
+                "backend's compiled function; AOT Autograd's CompiledFunction saves through "
+                "ctx.save_for_backward, so each saved tensor reaches the hook; parameters and buffers excluded")
+PEAK_SOURCE = ("torchref.live_bytes (storages allocated during the step, the compiled function called directly) "
+               "+ parameters, buffers and gradients")
+PEAK_ACTIVATION_SOURCE = "torchref.live_bytes (storages allocated during the step; = MemTracker less PARAM, GRAD, OPT)"
+FLOPS_SOURCE = ("torch.utils.flop_counter.FlopCounterMode around one forward+backward of the compiled function "
+                "called directly (the graphs' matmuls reach the mode as aten ops: aot_eager runs aten ops, inductor "
+                "calls aten's matmul kernels)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledResult:
+    """One compiled step at one activation memory budget.
+
+    Attributes:
+        budget: ``torch._functorch.config.activation_memory_budget`` during compilation, in (0, 1].
+        backend: the ``torch.compile`` backend (one of :data:`BACKENDS`).
+        saved_bytes: bytes the compiled forward keeps for the backward (parameters and buffers
+            excluded), counted once per storage.
+        saved_source: how ``saved_bytes`` was counted.
+        saved_tensors: how many storages ``saved_bytes`` counts.
+        saved_shapes: the shape of each counted storage's first tensor, in the order saved.
+        peak_bytes: peak bytes of one step (forward + backward, gradients already allocated):
+            ``peak_activation_bytes`` plus the bytes of parameters, buffers and gradients, as the
+            depth sweep's ``live_bytes`` counter reports it.
+        peak_activation_bytes: bytes of the storages allocated during the step, at their peak.
+        peak_source: how ``peak_bytes`` was measured.
+        memtracker_peak_bytes: the same step's peak under MemTracker
+            (:func:`torchref.memory.peak_step_bytes`; parameters and gradients included).
+        memtracker_activation_bytes: ``memtracker_peak_bytes`` less its PARAM, BUFFER, GRAD and OPT
+            categories.
+        loss: the compiled step's loss (float).
+        grads_bitwise_equal: loss and every gradient equal eager ``none``'s bit for bit.
+        max_ulp: the largest distance, in units in the last place, between the compiled step's loss
+            or gradients and eager ``none``'s (0 when bitwise equal; -1 when a value is NaN).
+            A gradient that is zero in exact arithmetic (the key part of ``c_attn``'s bias: softmax
+            ignores a per-row shift) is ~1e-12 of either sign in float32, so one sign flip makes
+            this distance ~1e9; read it with ``max_rel_err``.
+        max_abs_diff: the largest absolute difference of those values.
+        max_rel_err: the largest ``max|compiled - eager| / max|eager|`` over loss and gradient arrays.
+        flops: FLOPs of one forward+backward of the compiled step (None if not counted).
+        eager_flops: FLOPs of one forward+backward of eager ``none``.
+        recompute_flops: ``flops - eager_flops``: what the partitioner recomputes (None if not counted).
+        flops_source: how the FLOPs were counted.
+        step_time_s: median seconds of ``repeats`` timed steps (through the compiled frame, after warm-up).
+        step_times_s: every timed step, seconds.
+        compile_s: seconds of the first call (Dynamo trace, AOT Autograd, partition, backend).
+        compiles: how many graphs the backend compiled (1: one graph, no recompile).
+        eager_saved_bytes: eager ``none``'s saved bytes, counted the same way.
+        eager_peak_activation_bytes: eager ``none``'s peak activation bytes, counted the same way.
+        eager_step_time_s: median seconds of ``repeats`` eager ``none`` steps, after one warm-up.
+    """
+
+    budget: float
+    backend: str
+    saved_bytes: int
+    saved_source: str
+    saved_tensors: int
+    saved_shapes: tuple[tuple[int, ...], ...]
+    peak_bytes: int
+    peak_activation_bytes: int
+    peak_source: str
+    memtracker_peak_bytes: int
+    memtracker_activation_bytes: int
+    loss: float
+    grads_bitwise_equal: bool
+    max_ulp: int
+    max_abs_diff: float
+    max_rel_err: float
+    flops: int | None
+    eager_flops: int
+    recompute_flops: int | None
+    flops_source: str
+    step_time_s: float
+    step_times_s: tuple[float, ...]
+    compile_s: float
+    compiles: int
+    eager_saved_bytes: int
+    eager_peak_activation_bytes: int
+    eager_step_time_s: float
+
+
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_INT = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _max_ulp(test: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> tuple[bool, int, float, float]:
+    """``(bitwise equal, max ULP, max abs diff, max relative error)``.
+
+    The definitions of ``parity.checks.compare.compare_bitwise`` and ``max_rel_err`` (per array
+    ``max|a - b| / max|b|``).
+
+    (torchref does not import the harness; ``tests/torchref/test_compiled.py`` checks the two agree.)
+    """
+    equal, worst, max_abs, max_rel = True, 0, 0.0, 0.0
+    for name, b in ref.items():
+        a = np.asarray(test[name])
+        b = np.asarray(b)
+        if b.size:
+            scale = float(np.max(np.abs(b.astype(np.float64))))
+            err = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+            max_rel = max(max_rel, err / scale if scale > 0 else (0.0 if err == 0 else float("inf")))
+        if np.array_equal(a.view(_UINT[a.dtype.itemsize]), b.view(_UINT[b.dtype.itemsize])):
+            continue
+        equal = False
+        if np.isnan(a).any() or np.isnan(b).any():
+            worst = -1
+            continue
+        max_abs = max(max_abs, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
+        ia, ib = (x.view(_INT[x.dtype.itemsize]).astype(np.int64) for x in (a, b))
+        mask = np.int64(np.iinfo(_INT[a.dtype.itemsize]).max)
+        oa = np.where(ia < 0, -(ia & mask), ia & mask).ravel()
+        ob = np.where(ib < 0, -(ib & mask), ib & mask).ravel()
+        if worst >= 0:
+            worst = max(worst, max(abs(int(x) - int(y)) for x, y in zip(oa, ob)))
+    return equal, worst, max_abs, max_rel
+
+
+def _timed(step: Callable[[], Any], repeats: int) -> list[float]:
+    """Seconds of ``repeats`` calls of ``step()`` after one warm-up call."""
+    step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _flops(step: Callable[[], Any]) -> int:
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return int(counter.get_total_flops())
+
+
+def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], tokens: np.ndarray,
+                     budget: float, *, backend: str = "aot_eager_decomp_partition",
+                     repeats: int = 3) -> CompiledResult:
+    """Compile the GPT's loss under an activation memory budget and measure one step.
+
+    The loss is :func:`torchref.render.model_loss` with schedule ``none`` on
+    ``torchref.model.GPT.from_params(cfg, params)``, compiled with
+    ``torch.compile(loss, backend=backend, fullgraph=True)`` after ``torch._dynamo.reset()``, and
+    first called (that is when it compiles) inside
+    ``torch._functorch.config.patch(activation_memory_budget=budget)``; every later call stays
+    inside the patch too, so a recompile would see the same budget. The partition is AOT
+    Autograd's ``torch._functorch.partitioners.min_cut_rematerialization_partition`` (both
+    backends use it). The counters run the backend's compiled function directly (see the module
+    docstring: Dynamo skips frames under a dispatch mode).
+
+    Args:
+        cfg: a GPT-family configuration (``arch="gpt"``).
+        params: the canonical parameter dict (:func:`jaxremat.models.params.init_params`).
+        tokens: ``(B, T+1)`` integer token ids.
+        budget: the value of ``torch._functorch.config.activation_memory_budget``, in (0, 1]:
+            1.0 is the default partitioner, smaller values ask the partitioner to keep at most that
+            fraction of what it keeps at 1.0 (it recomputes the rest in the backward).
+        backend: ``"aot_eager_decomp_partition"`` (the min-cut partition with inductor's
+            decompositions, graphs run as aten ops; seconds to compile on CPU) or ``"inductor"``.
+        repeats: timed steps after the warm-up (>= 1).
+
+    Returns:
+        :class:`CompiledResult` (bytes in bytes, times in seconds, FLOPs as counted by
+        ``FlopCounterMode``, 2 per multiply-add).
+
+    Raises:
+        ValueError: ``budget`` outside (0, 1] or not a number; ``backend`` not in :data:`BACKENDS`;
+            ``repeats < 1``; ``cfg.arch`` not ``"gpt"``; bad tokens
+            (:meth:`torchref.model.GPT.check_inputs`).
+        RuntimeError: the backend compiled no graph, or a counter saw no allocation.
+    """
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0.0 < float(budget) <= 1.0):
+        raise ValueError(f"budget must be a number in (0, 1] (torch._functorch.config.activation_memory_budget), "
+                         f"got {budget!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if cfg.arch != "gpt":
+        raise ValueError(f"measure_compiled takes a GPT-family config (arch='gpt'), got arch={cfg.arch!r}")
+    budget = float(budget)
+    schedule = parse_schedule("none")
+    tok = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    model = GPT.from_params(cfg, dict(params))
+    model.check_inputs(split_tokens(tok)[0])  # eagerly: the compiled graph skips the value check
+
+    # eager `none`: reference loss, gradients and FLOPs
+    eager_loss = model_loss(model, tok, schedule)
+    eager_loss.backward()
+    ref = {"loss": eager_loss.detach().numpy().copy(), **model.to_params(grads=True)}
+    eager_flops = _flops(lambda: model_loss(model, tok, schedule).backward())
+    excluded = [*model.parameters(), *model.buffers()]
+    recorder = SavedActivationRecorder(exclude=excluded)
+    with recorder:
+        kept = model_loss(model, tok, schedule)
+    del kept
+    eager_saved = int(recorder.total_bytes)
+
+    def eager_step() -> None:
+        model.zero_grad(set_to_none=False)
+        model_loss(model, tok, schedule).backward()
+
+    eager_act = step_peak_bytes(eager_step, [*excluded, *(p.grad for p in model.parameters())])
+    eager_times = _timed(eager_step, repeats)
+
+    inner_backend = torch._dynamo.lookup_backend(backend)
+    captured: dict[str, Any] = {"compiles": 0}
+
+    def capturing_backend(gm, example_inputs):
+        compiled = inner_backend(gm, example_inputs)
+        captured["compiles"] += 1
+
+        def call(*args):
+            captured["fn"], captured["args"] = compiled, args
+            return compiled(*args)
+
+        return call
+
+    def loss_fn(t):
+        return model_loss(model, t, schedule)
+
+    torch._dynamo.reset()
+    with torch._functorch.config.patch(activation_memory_budget=budget):
+        compiled_loss = torch.compile(loss_fn, backend=capturing_backend, fullgraph=True)
+        model.zero_grad(set_to_none=False)  # gradients stay allocated: constant, added as fixed bytes
+        t0 = time.perf_counter()
+        loss = compiled_loss(tok)
+        compile_s = time.perf_counter() - t0
+        if "fn" not in captured:
+            raise RuntimeError(f"torch.compile(backend={backend!r}) compiled no graph for the loss")
+        loss.backward()
+        got = {"loss": loss.detach().numpy().copy(), **model.to_params(grads=True)}
+        loss_value = float(loss.detach())
+        del loss
+
+        def direct() -> torch.Tensor:
+            out = captured["fn"](*captured["args"])
+            return out[0] if isinstance(out, (list, tuple)) else out
+
+        def step_direct() -> None:
+            model.zero_grad(set_to_none=False)
+            direct().backward()
+
+        def step_frame() -> None:
+            model.zero_grad(set_to_none=False)
+            compiled_loss(tok).backward()
+
+        recorder = SavedActivationRecorder(exclude=excluded)
+        with recorder:
+            kept = direct()
+        del kept
+
+        fixed = [*excluded, *(p.grad for p in model.parameters())]
+        act = step_peak_bytes(step_direct, fixed)
+        fixed_bytes = sum(t.untyped_storage().nbytes() for t in fixed)
+        tracked = peak_step_bytes(step_direct, model)
+        tracked_act = tracked.peak_bytes - sum(v for k, v in tracked.breakdown.items()
+                                               if k in ("PARAM", "BUFFER", "GRAD", "OPT"))
+
+        flops = _flops(step_direct)
+        flops_source = FLOPS_SOURCE
+        if backend == "inductor" and flops == 0:  # generated kernels run below the dispatcher
+            flops, flops_source = None, "not counted: FlopCounterMode sees no aten op inside inductor's kernels"
+
+        times = _timed(step_frame, repeats)
+
+    equal, max_ulp, max_abs, max_rel = _max_ulp(got, ref)
+    return CompiledResult(
+        budget=budget, backend=backend,
+        saved_bytes=int(recorder.total_bytes), saved_source=SAVED_SOURCE, saved_tensors=len(recorder.records),
+        saved_shapes=tuple(r["shape"] for r in recorder.records),
+        peak_bytes=int(act + fixed_bytes), peak_activation_bytes=int(act), peak_source=PEAK_SOURCE,
+        memtracker_peak_bytes=int(tracked.peak_bytes), memtracker_activation_bytes=int(tracked_act),
+        loss=loss_value, grads_bitwise_equal=equal, max_ulp=max_ulp, max_abs_diff=max_abs, max_rel_err=max_rel,
+        flops=flops, eager_flops=eager_flops, recompute_flops=None if flops is None else flops - eager_flops,
+        flops_source=flops_source, step_time_s=float(statistics.median(times)),
+        step_times_s=tuple(float(t) for t in times), compile_s=float(compile_s), compiles=captured["compiles"],
+        eager_saved_bytes=eager_saved, eager_peak_activation_bytes=int(eager_act),
+        eager_step_time_s=float(statistics.median(eager_times)))
+
+
+def _parse_budgets(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budgets must be comma-separated numbers, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torchref.compiled``: one table row per budget (bytes, FLOPs, seconds)."""
+    parser = argparse.ArgumentParser(prog="python -m torchref.compiled", description=__doc__.splitlines()[0])
+    parser.add_argument("--budgets", type=_parse_budgets, default=[1.0, 0.5, 0.2, 0.1, 0.05])
+    parser.add_argument("--backend", default="aot_eager_decomp_partition", choices=BACKENDS)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=32)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shapes", action="store_true", help="after the table: the saved shapes per budget")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads(N) first (1 gives steady step times on a shared machine)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    cfg = TransformerConfig(vocab_size=256, n_layer=args.layers, d_model=args.d_model, n_head=args.heads,
+                            d_ff=2 * args.d_model, max_seq_len=args.seq)
+    params = init_params(cfg)
+    tokens = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, (args.batch, args.seq + 1))
+    print(f"# {cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, d_ff {cfg.d_ff}, "
+          f"B={args.batch}, T={args.seq}, backend {args.backend}, torch {torch.__version__}"
+          f", {torch.get_num_threads()} intra-op threads")
+    print("| budget | saved bytes | saved tensors | peak bytes | peak activation bytes | MemTracker peak "
+          "| recompute FLOPs | bitwise | max ULP | max rel err | step s (median) | compile s | graphs |")
+    print("|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|")
+    first, shapes = True, {}
+    for b in args.budgets:
+        r = measure_compiled(cfg, params, tokens, b, backend=args.backend, repeats=args.repeats)
+        if first:
+            print(f"| eager none | {r.eager_saved_bytes} | | {r.eager_peak_activation_bytes + r.peak_bytes - r.peak_activation_bytes} "
+                  f"| {r.eager_peak_activation_bytes} | | 0 | | | | {r.eager_step_time_s:.4f} | | |")
+            first = False
+        print(f"| {r.budget:g} | {r.saved_bytes} | {r.saved_tensors} | {r.peak_bytes} | {r.peak_activation_bytes} "
+              f"| {r.memtracker_peak_bytes} | {r.recompute_flops} | {'yes' if r.grads_bitwise_equal else 'no'} "
+              f"| {r.max_ulp} | {r.max_rel_err:.1e} | {r.step_time_s:.4f} | {r.compile_s:.2f} | {r.compiles} |", flush=True)
+        shapes[b] = r.saved_shapes
+    if args.shapes:
+        print()
+        for b, saved in shapes.items():
+            counts: dict[tuple[int, ...], int] = {}
+            for shape in saved:
+                counts[shape] = counts.get(shape, 0) + 1
+            print(f"budget {b:g}: " + ", ".join(f"{n} x {list(sh)}" for sh, n in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
