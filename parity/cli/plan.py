@@ -164,7 +164,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 
 
 def compiled_rows(points: list[dict]) -> list[list[str]]:
-    return [[p["budget"], p.get("backend", "-"), _mib(p.get("saved_bytes")), _mib(p.get("peak_activation_bytes")),
+    return [[f"{p['activation_memory_budget']:g}", p.get("backend", "-"), _mib(p.get("saved_bytes")), _mib(p.get("peak_activation_bytes")),
              _gflop(p.get("recompute_flops")), _ratio(p.get("time_overhead")),
              {True: "yes", False: "no", None: "-"}[p.get("grads_bitwise_equal")], str(p.get("max_ulp", "-")),
              p.get("error") or ""] for p in points]
@@ -224,9 +224,10 @@ def _compiled_points(suite, budgets, backend: str, ref_time: float | None, conso
             r = dataclasses.asdict(measure_compiled(cfg, params, tokens, frac, backend=backend,
                                                     repeats=suite.timing_repeats))
             r["time_overhead"] = r["step_time_s"] / ref_time if ref_time and r.get("step_time_s") else None
-            points.append({"budget": b, **r, "error": None})
+            points.append({**r, "budget": b, "activation_memory_budget": frac, "error": None})
         except Exception as exc:  # recorded, and the other budgets still run
-            points.append({"budget": b, "backend": backend, "error": f"{type(exc).__name__}: {exc}"})
+            points.append({"budget": b, "activation_memory_budget": frac, "backend": backend,
+                           "error": f"{type(exc).__name__}: {exc}"})
     return points
 
 

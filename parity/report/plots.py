@@ -165,7 +165,7 @@ def plot_budget_frontier(report: dict, path: Path) -> Path:
         axes[0].plot([p["peak_activation_bytes"] / 2**20 for p in comp], [p["recompute_flops"] / 1e6 for p in comp],
                      marker="x", color="C3", linestyle=":", label=label)
         for p in comp:
-            axes[0].annotate(f"{float(p['budget_fraction']):g}" if "budget_fraction" in p else str(p["budget"]),
+            axes[0].annotate(f"{p['activation_memory_budget']:g}",
                              (p["peak_activation_bytes"] / 2**20, p["recompute_flops"] / 1e6), fontsize=7,
                              textcoords="offset points", xytext=(3, 3))
         timed = [p for p in comp if p.get("time_overhead") is not None]
