@@ -438,6 +438,13 @@ def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_b
     optimal = segs is not None
     if segs is None:  # rounding up to whole quanta lost every plan, but the least-peak one fits
         segs = least_segs
+    stored = [o for o, opt in enumerate(menu.options) if not opt.checkpointed]
+    if stored and _costs(menu, segs, inv)[1] > 0:
+        # storing every block recomputes nothing; rounding to quanta can lose it when its peak is within a
+        # quantum of the budget (a budget of exactly none's peak), so its true peak is checked too
+        whole = [(menu.n, stored[0])]
+        if _costs(menu, whole, inv)[0] <= budget and float(menu.flops[stored[0], -1]) == 0:
+            segs, optimal = whole, True
     peak, flops, end = _costs(menu, segs, inv)
     if peak > budget:  # cannot happen: every rounding is upwards
         raise AssertionError(f"planner bug: plan peak {peak} > budget {budget}")

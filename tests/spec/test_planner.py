@@ -256,3 +256,12 @@ def test_planner_refuses_bad_menus_and_bytes():
         chain_costs([[opt]], [(1, "store")], 1)
     with pytest.raises(ValueError, match="sum to 2 blocks but the chain has 1"):
         chain_costs([[opt]], [(2, 0)], 1)
+
+
+def test_a_budget_of_exactly_the_stored_peak_stores_everything_whatever_the_rounding():
+    menus = [[BlockOption("store", False, None, 1001, 1001),
+              BlockOption("save_nothing", True, "save_nothing", 0, 1001, 7)] for _ in range(4)]
+    peak = chain_costs(menus, [(4, "store")], 10)[0]
+    for resolution in (3, 7, 1000):
+        r = plan_for_budget(menus, peak, 10, resolution=resolution)
+        assert r.recompute_flops == 0 and r.peak_bytes == peak and r.segment_options == ("store",)
