@@ -6,18 +6,23 @@ under a named policy), three costs: the bytes the block keeps until its backward
 live while its segment is recomputed and run backward, and the FLOPs its recompute costs. This
 module measures them on the block itself, on the traced and lowered program (no compile, no run):
 
-* **kept bytes**: the non-argument residuals of ``jax.vjp`` of the block, plain (``store``) or
-  under ``jax.checkpoint(policy)`` (:func:`jaxremat.memory.saved_residuals`); for the GPT block
-  the ``store`` bytes come from the exact per-tensor account
-  (:func:`jaxremat.models.gpt.activation.layer_bytes`, checked tensor by tensor against the same
-  residuals) and the stack's loop invariants (the causal mask's broadcasts) are counted once;
-* **working bytes**: what the block holds while it runs backward: its ``store`` bytes (a
-  recomputed block rebuilds its residuals), or what the option keeps if that is more;
+* **kept bytes**: the non-argument residuals (:func:`jaxremat.memory.saved_residuals`) of a
+  segment of 2 and of 3 blocks rendered by :func:`jaxremat.remat_scan`, stored or checkpointed
+  under the policy: what each block adds, and what a segment keeps once (``segment_bytes``); for
+  the GPT block ``store`` equals the exact per-tensor account,
+  :func:`jaxremat.models.gpt.activation.layer_bytes`;
+* **working bytes**: what the block holds while its segment runs backward: its ``store`` bytes
+  (a recomputed block rebuilds its residuals) plus what the option keeps, which the compiled
+  program holds in buffers of their own (the temp bytes of a compiled segment of L blocks under
+  ``save_dots`` grow by ``store + kept`` per block: 2.23 MB at gpt-small, B=4, T=64);
 * **recompute FLOPs**: XLA's cost analysis (``jax.stages.Lowered.cost_analysis()["flops"]``) of
   ``value_and_grad`` of the checkpointed block less that of the plain block: the FLOPs the
   backward pass spends recomputing. Counted on one block whose output is the checkpoint's output;
   inside a longer segment, each block but the last also recomputes its last op (the MLP
-  down-projection, whose output only the next block reads); the count leaves that out.
+  down-projection, whose output only the next block reads); the count leaves that out;
+* **transient bytes** (a block's backward temporaries) are not measured in JAX (0): the compiled
+  program's buffers are XLA's to assign; the harness calibrates the budget on ``none``'s measured
+  peak instead (:mod:`parity.cases.budget_plan`).
 
 :func:`block_options` does this for any block function ``block(params, x) -> y`` (a user's own
 block, e.g. the per-layer function of a Flax stack); :func:`gpt_block_options` for the project's
@@ -32,6 +37,7 @@ in :mod:`jaxremat.spec.planner`; the PyTorch menus in :mod:`torchref.planner`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -45,7 +51,9 @@ from .models.gpt import activation as account
 from .models.params import param_shapes
 from .policies import to_jax_policy
 from .spec.planner import BlockOption, NoPlanFits, PlannerResult, plan_for_budget
+from .render import remat_scan
 from .spec.policies import parse_policy
+from .spec.segment_plan import PlanSegment, SegmentPlan
 
 __all__ = ["DEFAULT_MENU", "block_options", "gpt_block_options", "gpt_chain", "plan_gpt"]
 
@@ -90,9 +98,32 @@ def _check_menu(policies: Sequence) -> tuple:
     return tuple(parsed)
 
 
-def block_options(block: Callable, params: Any, x: Any, policies: Sequence = DEFAULT_MENU, *,
-                  store_bytes: int | None = None) -> list[BlockOption]:
+def _segment_kept(block: Callable, params: Any, x: Any, checkpointed: bool, policy, length: int) -> int:
+    """Non-argument residual bytes of one segment of ``length`` blocks rendered by :func:`jaxremat.remat_scan`."""
+    stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct((length, *jnp.shape(a)), jnp.result_type(a)), params)
+    plan = SegmentPlan((PlanSegment(length, checkpointed, policy),))
+    fn = lambda s, h: jnp.sum(remat_scan(lambda lp, c, _: block(lp, c), s, h, plan))  # noqa: E731
+    return sum(r.bytes for r in saved_residuals(fn, stacked, x) if not r.is_argument)
+
+
+def _slope_intercept(block, params, x, checkpointed, policy) -> tuple[int, int]:
+    """``(per block, per segment)`` bytes of a segment's residuals, from segments of 2 and 3 blocks.
+
+    Lengths 2 and 3, not 1: a one-block segment runs isolated (a trip count of 1,
+    :mod:`jaxremat.segment_vjp`) and a stored one keeps two (1, 1, D) LayerNorm weight broadcasts
+    more; a longer segment is linear in its length (checked by the tests up to 4)."""
+    k2, k3 = (_segment_kept(block, params, x, checkpointed, policy, n) for n in (2, 3))
+    return k3 - k2, k2 - 2 * (k3 - k2)
+
+
+def block_options(block: Callable, params: Any, x: Any, policies: Sequence = DEFAULT_MENU) -> list[BlockOption]:
     """The menu of one block, measured on the block: ``store`` then one checkpoint option per policy.
+
+    Kept bytes are measured on segments of the block as :func:`jaxremat.remat_scan` renders them
+    (``plan(L:store)``, ``plan(L+POLICY)`` for L = 2, 3): ``kept_bytes`` is what each block adds
+    and ``segment_bytes`` what a segment keeps once (a block that keeps its own input adds it for
+    every block but the first, whose input is the boundary: ``segment_bytes = -boundary``; under
+    ``save_dots`` a segment keeps every block's input, the first one's too, measured).
 
     Args:
         block: ``block(params, x) -> y`` with ``y`` of x's shape and dtype (one layer of a stack,
@@ -102,29 +133,25 @@ def block_options(block: Callable, params: Any, x: Any, policies: Sequence = DEF
         policies: the checkpoint options, policy names or
             :class:`jaxremat.spec.policies.Policy` values (``"save_nothing"``: plain
             ``jax.checkpoint``); offloading policies and ``save_everything`` are refused.
-        store_bytes: the bytes the stored block keeps, when known exactly (the GPT account);
-            None: the block's non-argument residuals (for a block whose input is kept, that input
-            is an argument here and is not counted).
 
     Returns:
         ``[BlockOption("store", ...), BlockOption(policy name, checkpointed=True, ...), ...]``:
-        kept and working bytes (int), recompute FLOPs (module docstring). A checkpoint option
-        whose policy keeps anything has ``keeps_block_input=True`` (a segment of such blocks in
-        :func:`jaxremat.remat_scan` keeps each inner block's input, measured there).
+        kept, segment and working bytes (int), recompute FLOPs (module docstring).
 
     Raises:
         ValueError: a bad or duplicate policy, an offloading policy or ``save_everything``.
     """
     menu = _check_menu(policies)
     plain = _flops(block, params, x)
-    store = _kept(block, params, x) if store_bytes is None else int(store_bytes)
-    out = [BlockOption("store", False, kept_bytes=store, working_bytes=store)]
+    store, store_seg = _slope_intercept(block, params, x, False, None)
+    out = [BlockOption("store", False, kept_bytes=store, working_bytes=store, segment_bytes=store_seg)]
     for p in menu:
         fn = jax.checkpoint(block, policy=to_jax_policy(p), prevent_cse=True)
-        kept = _kept(fn, params, x)
-        out.append(BlockOption(p.name, True, p, kept_bytes=kept, working_bytes=max(store, kept),
-                               recompute_flops=max(0.0, _flops(fn, params, x) - plain),
-                               keeps_block_input=not p.saves_nothing))
+        kept, seg = _slope_intercept(block, params, x, True, None if p.saves_nothing else p)
+        # what the policy keeps is held beside what the recompute rebuilds: separate buffers in the
+        # compiled program (its temp bytes grow by store + kept per block of a segment, measured)
+        out.append(BlockOption(p.name, True, p, kept_bytes=kept, working_bytes=store + kept,
+                               recompute_flops=max(0.0, _flops(fn, params, x) - plain), segment_bytes=seg))
     return out
 
 
@@ -145,18 +172,22 @@ def gpt_block_options(cfg: TransformerConfig, batch: int, seq: int,
                       policies: Sequence = DEFAULT_MENU) -> list[BlockOption]:
     """The menu of one GPT block (:func:`jaxremat.model.block_forward`) at batch B and sequence T.
 
-    ``store`` keeps :func:`jaxremat.models.gpt.activation.layer_bytes` (the per-layer tensors of
-    the exact account; the causal mask's broadcasts are the stack's invariant bytes, see
-    :func:`gpt_chain`); each policy's kept bytes and recompute FLOPs are measured
-    (:func:`block_options`). Every block of a GPT has the same menu.
+    Measured by :func:`block_options` (once per configuration and menu in a process: cached);
+    ``store`` keeps what the exact account says, :func:`jaxremat.models.gpt.activation.layer_bytes`
+    per block (checked by the tests). Every block of a GPT has the same menu.
 
     Raises:
         ValueError: bad sizes, dropout (the account covers dropout 0), a family other than GPT,
             or a bad menu.
     """
     account.layer_bytes("jax", cfg, batch, seq)  # checks sizes and dropout
+    return list(_cached_gpt_menu(cfg, batch, seq, _check_menu(policies)))
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_gpt_menu(cfg: TransformerConfig, batch: int, seq: int, policies: tuple) -> tuple:
     block, params, x = _gpt_block(cfg, batch, seq)
-    return block_options(block, params, x, policies, store_bytes=account.layer_bytes("jax", cfg, batch, seq))
+    return tuple(block_options(block, params, x, policies))
 
 
 def gpt_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence = DEFAULT_MENU) -> dict:

@@ -29,6 +29,7 @@ block itself by running it once forward and backward on the CPU:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import torch
@@ -141,16 +142,22 @@ def block_options(block: nn.Module, x: torch.Tensor, policies: Sequence = DEFAUL
 def gpt_block_options(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence = DEFAULT_MENU,
                       *, seed: int = 0) -> list[BlockOption]:
     """The menu of one :class:`torchref.model.Block` at batch B and sequence T (random weights and input,
-    ``seed``); every block of a GPT has the same menu.
+    ``seed``; measured once per configuration and menu in a process: cached); every block of a GPT has
+    the same menu.
 
     Raises:
         ValueError: bad sizes, dropout (the account covers dropout 0), or a bad menu.
     """
     account.layer_bytes("torch", cfg, batch, seq)  # checks the family's sizes and dropout 0
+    return list(_cached_gpt_menu(cfg, batch, seq, _check_menu(policies), seed))
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_gpt_menu(cfg: TransformerConfig, batch: int, seq: int, policies: tuple, seed: int) -> tuple:
     torch.manual_seed(seed)
     block = Block(cfg)
     x = torch.randn(batch, seq, cfg.d_model, dtype=torch_dtype(cfg))
-    return block_options(block, x, policies)
+    return tuple(block_options(block, x, policies))
 
 
 def gpt_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence = DEFAULT_MENU) -> dict:

@@ -18,7 +18,8 @@ for segment j
     K_j = sum_{i in s_j} kept_bytes_i(o_j) + E_j                        (kept from the forward)
     W_j = B * [o_j checkpointed] + sum_{i in s_j} working_bytes_i(o_j) + E_j + X_j  (live in its backward)
     X_j = max_{i in s_j} transient_bytes_i(o_j)      (one block's backward temporaries at a time)
-    E_j = (len(s_j) - 1) * B * [o_j keeps_block_input]   (inputs of the blocks after the first)
+    E_j = (len(s_j) - 1) * B * [o_j keeps_block_input] + S_j   (inputs of the blocks after the first)
+    S_j = segment_bytes of s_j's first block under o_j      (kept once per segment, may be negative)
     C_j = sum_{i in s_j} recompute_flops_i(o_j),
 
 the live bytes during segment j's backward pass (segments above j are done and freed; the inputs
@@ -104,6 +105,11 @@ class BlockOption:
             a segment of L such blocks keeps ``(L - 1) * boundary_bytes`` more, in ``K`` and ``W``.
             Measured on ``jaxremat.remat_scan``: a segment under a policy that keeps anything
             keeps the carry of each block after the first (the inner scan's per-step input).
+        segment_bytes: bytes (int, may be negative, ``kept_bytes + segment_bytes >= 0``) a segment
+            whose first block this is keeps once, beyond its blocks' ``kept_bytes``: with
+            ``kept_bytes`` the slope, the intercept of a segment's kept bytes against its length
+            (e.g. ``-boundary`` for a block that keeps its own input, which for a segment's first
+            block is the boundary, counted apart). Measured by :func:`jaxremat.planner.block_options`.
         transient_bytes: bytes (int >= 0) live on top of ``working_bytes`` while the block runs
             backward (its activation gradients and the backward ops' temporaries); a segment is
             charged the largest of its blocks', once, since its blocks run backward one at a time.
@@ -122,6 +128,7 @@ class BlockOption:
     recompute_flops: float = 0.0
     keeps_block_input: bool = False
     transient_bytes: int = 0
+    segment_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -143,6 +150,11 @@ class BlockOption:
                              f"({self.kept_bytes}); what a block keeps is live while it runs backward too")
         if self.policy is not None:
             object.__setattr__(self, "policy", parse_policy(self.policy))
+        v = self.segment_bytes
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or self.kept_bytes + v < 0:
+            raise ValueError(f"option {self.name!r}: segment_bytes must be an integer with kept_bytes + "
+                             f"segment_bytes >= 0 (bytes), got {v!r}")
+        object.__setattr__(self, "segment_bytes", int(v))
         if not isinstance(self.keeps_block_input, bool):
             raise ValueError(f"option {self.name!r}: keeps_block_input must be True or False")
         if not self.checkpointed and (self.policy is not None or self.recompute_flops or self.keeps_block_input
@@ -233,10 +245,11 @@ class _Menu:
         self.trans = np.array([[o.transient_bytes for o in opts] for opts in blocks], dtype=np.int64).T  # (O, N)
         self.ckpt = np.array([o.checkpointed for o in first])
         self.inputs = np.array([boundary_bytes if o.keeps_block_input else 0 for o in first], dtype=np.int64)
+        self.seg = np.array([[o.segment_bytes for o in opts] for opts in blocks], dtype=np.int64).T  # (O, N)
 
     def segment(self, a: int, b: int, o: int) -> tuple[int, int, float]:
         """(K, W, C) of blocks [a, b) under option o."""
-        extra = (b - a - 1) * int(self.inputs[o])
+        extra = (b - a - 1) * int(self.inputs[o]) + int(self.seg[o, a])
         w = (int(self.work[o, b] - self.work[o, a]) + (self.boundary if self.ckpt[o] else 0) + extra
              + int(self.trans[o, a:b].max()))
         return int(self.kept[o, b] - self.kept[o, a]) + extra, w, float(self.flops[o, b] - self.flops[o, a])
@@ -244,7 +257,7 @@ class _Menu:
     def all_from(self, a: int):
         """K, W, C and (b, o) of every segment starting at block a: flat arrays, index = (b-a-1)*O + o."""
         O = len(self.options)
-        extra = np.arange(self.n - a)[None, :] * self.inputs[:, None]  # (L - 1) kept block inputs
+        extra = np.arange(self.n - a)[None, :] * self.inputs[:, None] + self.seg[:, a:a + 1]  # (L - 1) inputs, S
         K = (self.kept[:, a + 1:] - self.kept[:, a:a + 1] + extra).T.ravel()
         X = np.maximum.accumulate(self.trans[:, a:], axis=1)  # largest transient of blocks a..b-1
         W = ((self.work[:, a + 1:] - self.work[:, a:a + 1]) + self.boundary * self.ckpt[:, None] + extra + X).T.ravel()

@@ -17,7 +17,8 @@ A budget plan is resolved when its case runs, once ``none`` has been measured:
    taken off the budget, and the plan is chosen for what remains;
 3. the plan runs (the framework's one measurement path, checked bitwise against ``none`` as every
    case is); when its measured peak activation still exceeds the budget, the planner is asked
-   again with the target lowered by the overshoot, up to :data:`MAX_ATTEMPTS` times. Every attempt
+   again for the budget less that plan's own error (measured less predicted) when it is larger
+   than the offset, else for the target lowered by the overshoot, up to :data:`MAX_ATTEMPTS` times. Every attempt
    is recorded in the case (``budget_attempts``); the case reports the last one, and a measured
    peak over budget is the status ``over_budget``, a failure.
 
@@ -197,7 +198,7 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
                                                             chain["boundary_bytes"], chain["invariant_bytes"])[0]
     budget = request.budget.resolve(measured_none)
     offset = max(0, int(measured_none) - int(predicted_none))
-    target = budget - offset
+    target, none_offset = budget - offset, offset
     attempts: list[dict] = []
     last = None
     for _ in range(MAX_ATTEMPTS):
@@ -227,8 +228,11 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
                          "within_budget": measured is not None and measured <= budget})
         if measured is None or measured <= budget:
             break
-        target -= measured - budget
-    return Resolution(last[0], last[1], budget, tuple(attempts), offset)
+        # this plan measured further above its prediction than none did: take that error off the budget
+        error = measured - pred["predicted_peak_activation_bytes"]
+        target = budget - max(offset, error) if error > offset else target - (measured - budget)
+        offset = max(offset, error)
+    return Resolution(last[0], last[1], budget, tuple(attempts), none_offset)
 
 
 def _default_menu(framework: str) -> tuple:

@@ -28,13 +28,19 @@ def test_menu_lists_store_then_each_policy(menu):
     assert not menu[0].checkpointed and all(o.checkpointed for o in menu[1:])
 
 
-def test_store_keeps_the_accounts_layer_bytes_and_the_measured_block_residuals_agree(menu):
+def test_store_keeps_the_accounts_layer_bytes(menu):
     assert menu[0].kept_bytes == am.layer_bytes("jax", CFG, B, T)
-    from jaxremat.planner import _gpt_block  # noqa: PLC2701 - the same block the menu measures
+    assert am.stack_invariant_bytes("jax", CFG, B, T) == menu[0].segment_bytes == 0
+
+
+@pytest.mark.parametrize("option", ["store", "save_nothing", "save_dots", "attention_only"])
+def test_a_segments_kept_bytes_are_linear_in_its_length_up_to_four(menu, option):
+    from jaxremat.planner import _gpt_block, _segment_kept  # noqa: PLC2701 - the measurement itself
 
     block, params, x = _gpt_block(CFG, B, T)
-    measured = block_options(block, params, x, [])[0].kept_bytes
-    assert measured == am.layer_bytes("jax", CFG, B, T) + am.stack_invariant_bytes("jax", CFG, B, T)
+    o = {m.name: m for m in menu}[option]
+    policy = None if option in ("store", "save_nothing") else o.policy
+    assert _segment_kept(block, params, x, o.checkpointed, policy, 4) == 4 * o.kept_bytes + o.segment_bytes
 
 
 def test_recompute_flops_order_and_save_nothing_is_about_one_forward(menu):
@@ -51,11 +57,12 @@ def test_recompute_flops_order_and_save_nothing_is_about_one_forward(menu):
     assert dots <= by["save_nothing"].recompute_flops < dots + 2 * B * T * D * F
 
 
-def test_a_planned_plan_runs_bitwise_and_no_policy_plans_keep_what_the_chain_predicts():
-    chain = gpt_chain(CFG, B, T)
+@pytest.mark.parametrize("policies", [["save_nothing"], list(DEFAULT_MENU)])
+def test_a_planned_plan_runs_bitwise_and_keeps_what_the_planner_predicts(policies):
+    chain = gpt_chain(CFG, B, T, policies)
     fixed = chain["fixed_bytes"]
     none_peak = am.predict_peak_activation_bytes("jax", CFG, B, T, parse_schedule("none"))
-    r = plan_gpt(CFG, B, T, int(0.7 * none_peak), ["save_nothing"])
+    r = plan_gpt(CFG, B, T, int(0.7 * none_peak), policies)
     assert r.peak_bytes <= int(0.7 * none_peak) and r.recompute_flops > 0
     params = {k: jnp.asarray(v) for k, v in init_params(CFG).items()}
     tok = jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (B, T + 1)), jnp.int32)
@@ -68,9 +75,12 @@ def test_a_planned_plan_runs_bitwise_and_no_policy_plans_keep_what_the_chain_pre
     assert measured == outside + r.saved_bytes + one_layer_stored * 2 * CFG.d_model * 4
     g_plan = jax.grad(lambda p: loss_fn(p, tok, CFG, r.plan))(params)
     g_none = jax.grad(lambda p: loss_fn(p, tok, CFG, parse_schedule("none")))(params)
-    for k in g_none:
+    for k in g_none:  # op by op: bitwise (under jit, tiny shapes: docs/framework-differences.md, section 2)
         assert np.asarray(g_plan[k]).tobytes() == np.asarray(g_none[k]).tobytes(), k
-    segs = [(s.length, "save_nothing" if s.checkpointed else "store") for s in r.plan.segments]
+    names = {o.name for o in chain["options_per_block"][0]}
+    segs = [(s.length, (s.policy.name if s.policy is not None else "save_nothing") if s.checkpointed else "store")
+            for s in r.plan.segments]
+    assert {n for _, n in segs} <= names
     assert chain_costs(chain["options_per_block"], segs, chain["boundary_bytes"],
                        chain["invariant_bytes"])[0] + fixed == r.peak_bytes
 
@@ -90,7 +100,10 @@ def test_a_users_own_block_gets_a_measured_menu():
     params = {"w1": jax.ShapeDtypeStruct((8, 32), jnp.float32), "w2": jax.ShapeDtypeStruct((32, 8), jnp.float32)}
     x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
     opts = block_options(block, params, x, ["save_nothing", "save_dots"])
-    assert opts[0].kept_bytes == saved_activation_bytes(lambda p, h: jnp.sum(block(p, h)), params, x)
+    # stored, each block keeps its input too (read by x @ w1's weight gradient): the scan over a stored segment
+    # stacks every block's input, the first one's as well (a copy of the segment's input), so no intercept
+    alone = saved_activation_bytes(lambda p, h: jnp.sum(block(p, h)), params, x)
+    assert (opts[0].kept_bytes, opts[0].segment_bytes) == (alone + 4 * 8 * 4, 0)
     assert opts[1].kept_bytes == 0 and opts[1].recompute_flops >= 2 * 4 * 8 * 32
     assert opts[2].kept_bytes > 0 and opts[2].recompute_flops < opts[1].recompute_flops
 

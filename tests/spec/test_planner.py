@@ -41,7 +41,7 @@ def _model_costs(menus, segs, boundary, invariant):
     for j, (length, o) in enumerate(merged):
         blocks = [menus[i][o] for i in range(start, start + length)]
         ckpt = menus[0][o].checkpointed
-        E = (length - 1) * boundary * menus[0][o].keeps_block_input
+        E = (length - 1) * boundary * menus[0][o].keeps_block_input + blocks[0].segment_bytes
         K = sum(b.kept_bytes for b in blocks) + E
         live.append(below + boundary * ckpt + sum(b.working_bytes for b in blocks) + E
                     + max(b.transient_bytes for b in blocks))
@@ -78,11 +78,13 @@ def _chains(draw, max_n=8, max_options=3):
         for name in names:
             if name == "store":
                 k = draw(st.integers(0, 40))
-                menu.append(BlockOption(name, False, None, k, k, 0, transient_bytes=draw(st.integers(0, 12))))
+                menu.append(BlockOption(name, False, None, k, k, 0, transient_bytes=draw(st.integers(0, 12)),
+                                        segment_bytes=draw(st.integers(-k, 8))))
             else:
                 k = draw(st.integers(0, 20))
                 menu.append(BlockOption(name, True, POLICY_OF[name], k, k + draw(st.integers(0, 30)),
-                                        draw(st.integers(0, 50)), inputs[name], draw(st.integers(0, 12))))
+                                        draw(st.integers(0, 50)), inputs[name], draw(st.integers(0, 12)),
+                                        draw(st.integers(-k, 8))))
         menus.append(menu)
     boundary, invariant = draw(st.integers(0, 15)), draw(st.integers(0, 10))
     return menus, boundary, invariant
