@@ -34,3 +34,13 @@ def test_readme_survival_check_example_prints_true_true_none():
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "None"], out.stdout + out.stderr
+
+
+def test_readme_budget_example_is_the_example_file_and_prints_its_plan_and_true_true_true():
+    code = readme_block("Fit a memory budget")
+    assert code == (ROOT / "examples" / "plan_flax_budget.py").read_text()
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert lines[0].startswith("plan(") and lines[1:] == ["True", "True", "True"], out.stdout + out.stderr
