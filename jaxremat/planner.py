@@ -144,7 +144,8 @@ def block_options(block: Callable, params: Any, x: Any, policies: Sequence = DEF
     menu = _check_menu(policies)
     plain = _flops(block, params, x)
     store, store_seg = _slope_intercept(block, params, x, False, None)
-    out = [BlockOption("store", False, kept_bytes=store, working_bytes=store, segment_bytes=store_seg)]
+    # a stored run is one segment however it is cut: a negative intercept is counted as 0 (an upper bound)
+    out = [BlockOption("store", False, kept_bytes=store, working_bytes=store, segment_bytes=max(0, store_seg))]
     for p in menu:
         fn = jax.checkpoint(block, policy=to_jax_policy(p), prevent_cse=True)
         kept, seg = _slope_intercept(block, params, x, True, None if p.saves_nothing else p)

@@ -154,6 +154,9 @@ class BlockOption:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or self.kept_bytes + v < 0:
             raise ValueError(f"option {self.name!r}: segment_bytes must be an integer with kept_bytes + "
                              f"segment_bytes >= 0 (bytes), got {v!r}")
+        if not self.checkpointed and v < 0:
+            raise ValueError(f"stored option {self.name!r}: segment_bytes must be >= 0, got {v}: neighbouring stored "
+                             "segments are one segment (one intercept), which a negative intercept would undercount")
         object.__setattr__(self, "segment_bytes", int(v))
         if not isinstance(self.keeps_block_input, bool):
             raise ValueError(f"option {self.name!r}: keeps_block_input must be True or False")

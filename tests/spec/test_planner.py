@@ -79,7 +79,7 @@ def _chains(draw, max_n=8, max_options=3):
             if name == "store":
                 k = draw(st.integers(0, 40))
                 menu.append(BlockOption(name, False, None, k, k, 0, transient_bytes=draw(st.integers(0, 12)),
-                                        segment_bytes=draw(st.integers(-k, 8))))
+                                        segment_bytes=draw(st.integers(0, 8))))
             else:
                 k = draw(st.integers(0, 20))
                 menu.append(BlockOption(name, True, POLICY_OF[name], k, k + draw(st.integers(0, 30)),
