@@ -56,7 +56,7 @@ class DistributedRow:
             ``none`` itself compares two runs: determinism).
         weights_bitwise: trained weights equal to ``none``'s on the same mesh; None when not trained.
         max_ulp: largest ULP distance of any gradient element to ``none``'s (0 when bitwise).
-        exception: id of the documented, explained exception when not bitwise (docs/sharding.md),
+        exception: id of the documented, explained exception when not bitwise (on the sharding page in docs),
             None otherwise; a non-bitwise row without one fails.
         reference: the single-device reference this mesh is checked against, in words.
         reference_ok: the reference check held (bitwise or within its stated tolerance).
