@@ -36,7 +36,6 @@ in :mod:`jaxremat.spec.planner`; the PyTorch menus in :mod:`torchref.planner`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
@@ -44,18 +43,21 @@ import jax
 import jax.numpy as jnp
 
 from .memory import saved_residuals
+from .encoder import encoder_block_forward
 from .model import block_forward
 from .models.block import BLOCK_PARAM_NAMES
 from .models.config import TransformerConfig
 from .models.gpt import activation as account
 from .models.params import param_shapes
+from .models.registry import get_model
 from .policies import to_jax_policy
-from .spec.planner import BlockOption, NoPlanFits, PlannerResult, plan_for_budget
+from .spec.planner import BlockOption, PlannerResult, plan_chain
 from .render import remat_scan
 from .spec.policies import parse_policy
 from .spec.segment_plan import PlanSegment, SegmentPlan
 
-__all__ = ["DEFAULT_MENU", "block_options", "gpt_block_options", "gpt_chain", "plan_gpt"]
+__all__ = ["DEFAULT_MENU", "block_options", "encoder_chain", "gpt_block_options", "gpt_chain", "model_chain", "plan_gpt",
+           "plan_model"]
 
 DEFAULT_MENU = ("save_nothing", "save_dots", "attention_only", "save_qkv_proj", "mlp_only")
 """The checkpoint options of the default menu (``store`` is always added first): no policy, the
@@ -207,38 +209,77 @@ def gpt_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence =
             "fixed_bytes": account.non_stack_peak_bytes("jax", cfg, batch, seq)}
 
 
-def plan_gpt(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,
-             policies: Sequence = DEFAULT_MENU, **kw) -> PlannerResult:
+@functools.lru_cache(maxsize=32)
+def _cached_encoder_menu(cfg: TransformerConfig, batch: int, seq: int, policies: tuple) -> tuple:
+    dtype = jnp.dtype(cfg.dtype)
+    shapes = param_shapes(cfg)
+    params = {k: jax.ShapeDtypeStruct(shapes[k][1:], dtype) for k in BLOCK_PARAM_NAMES}
+    x = jax.ShapeDtypeStruct((batch, seq, cfg.d_model), dtype)
+    key_mask = jnp.ones((batch, seq), bool)  # what a block keeps does not depend on which keys are padding
+    return tuple(block_options(lambda p, h: encoder_block_forward(p, h, key_mask, cfg), params, x, policies))
+
+
+def encoder_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence = DEFAULT_MENU) -> dict:
+    """The chain of a BERT encoder stack (:func:`jaxremat.encoder.encoder_block_forward`), in JAX.
+
+    The menus are measured on the block (:func:`block_options`), as for a user's own block; the
+    family has no per-tensor account of what lies outside the stack, so ``invariant_bytes`` and
+    ``fixed_bytes`` are 0: a caller calibrates them on ``none``'s measured peak
+    (:func:`parity.cases.budget_plan.resolve` does). Dropout is not measured (rate 0).
+
+    Raises:
+        ValueError: a family other than BERT, bad sizes, or a bad menu.
+    """
+    if getattr(cfg, "arch", None) != "bert":
+        raise ValueError(f"encoder_chain plans the BERT encoder block; cfg.arch is {cfg.arch!r}")
+    if batch < 1 or not 1 <= seq <= cfg.max_seq_len:
+        raise ValueError(f"need batch >= 1 and 1 <= seq <= {cfg.max_seq_len}, got batch={batch}, seq={seq}")
+    menu = list(_cached_encoder_menu(cfg.replace(dropout=0.0), batch, seq, _check_menu(policies)))
+    return {"options_per_block": [menu] * cfg.n_layer,
+            "boundary_bytes": batch * seq * cfg.d_model * jnp.dtype(cfg.dtype).itemsize,
+            "invariant_bytes": 0, "fixed_bytes": 0}
+
+
+def model_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence = DEFAULT_MENU) -> dict:
+    """The planner's chain of any registered family, in JAX (its ``jax_planner_chain``,
+    :mod:`jaxremat.models.registry`): :func:`gpt_chain` or :func:`encoder_chain` built in.
+
+    Raises:
+        ValueError: a family without a planner chain, or as that family's chain builder.
+    """
+    return get_model(getattr(cfg, "arch", "gpt")).load("jax_planner_chain")(cfg, batch, seq, policies)
+
+
+def plan_model(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,
+               policies: Sequence = DEFAULT_MENU, **kw) -> PlannerResult:
     """The plan of least recompute whose predicted peak activation bytes fit ``budget_bytes``.
 
-    The budget covers the whole step's activations as
-    :func:`jaxremat.models.gpt.activation.predict_peak_activation_bytes` predicts them (parameters,
-    gradients and optimizer state excluded); the result's ``peak_bytes`` is on the same scale.
+    The budget covers the whole step's activations as the family's chain counts them (for a GPT,
+    :func:`jaxremat.models.gpt.activation.predict_peak_activation_bytes`; for a BERT encoder the
+    stack only: its ``fixed_bytes`` are 0); the result's ``peak_bytes`` is on the same scale.
 
     Example::
 
-        r = plan_gpt(cfg, 8, 64, budget_bytes=6 * 2**20)
+        r = plan_model(cfg, 8, 64, budget_bytes=6 * 2**20)
         loss = loss_fn(params, tokens, cfg, r.plan)  # remat_scan takes the plan as its schedule
 
     Args:
         cfg, batch, seq: the model and the batch's shape (B, T).
         budget_bytes: peak activation bytes allowed (int).
         policies: the menu's checkpoint options (:data:`DEFAULT_MENU`).
-        **kw: passed to :func:`jaxremat.spec.planner.plan_for_budget` (``resolution``).
+        **kw: passed to :func:`jaxremat.spec.planner.plan_for_budget` (``resolution``,
+            ``min_checkpoint_length``).
 
     Raises:
         jaxremat.spec.planner.NoPlanFits: no plan fits (its message gives the least achievable
-            peak of the stack, and a plan reaching it).
-        ValueError: as :func:`gpt_block_options`, or a negative budget.
+            peak, and a plan reaching it).
+        ValueError: as :func:`model_chain`, or a negative budget.
     """
-    chain = gpt_chain(cfg, batch, seq, policies)
-    fixed = chain.pop("fixed_bytes")
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-        raise ValueError(f"budget_bytes must be an integer >= 0, got {budget_bytes!r}")
-    try:
-        res = plan_for_budget(chain["options_per_block"], max(0, budget_bytes - fixed), chain["boundary_bytes"],
-                              chain["invariant_bytes"], **kw)
-    except NoPlanFits as exc:  # restate it on the budget's scale: the whole step's activations
-        raise NoPlanFits(budget_bytes, exc.min_peak_bytes + fixed, exc.min_peak_plan) from None
-    return dataclasses.replace(res, peak_bytes=res.peak_bytes + fixed, budget_bytes=budget_bytes,
-                               min_peak_bytes=res.min_peak_bytes + fixed)
+    return plan_chain(model_chain(cfg, batch, seq, policies), budget_bytes, **kw)
+
+
+def plan_gpt(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,
+             policies: Sequence = DEFAULT_MENU, **kw) -> PlannerResult:
+    """:func:`plan_model` for a GPT (raises ValueError for another family)."""
+    _gpt_block(cfg, batch, seq)
+    return plan_model(cfg, batch, seq, budget_bytes, policies, **kw)

@@ -28,7 +28,6 @@ block itself by running it once forward and backward on the CPU:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Sequence
 
@@ -39,16 +38,19 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from jaxremat.models.config import TransformerConfig
 from jaxremat.models.gpt import activation as account
-from jaxremat.spec.planner import BlockOption, NoPlanFits, PlannerResult, plan_for_budget
+from jaxremat.models.registry import get_model
+from jaxremat.spec.planner import BlockOption, PlannerResult, plan_chain
 from jaxremat.spec.policies import parse_policy
 
 from .live_bytes import step_peak_bytes
 from .memory import SavedActivationRecorder
+from .encoder import EncoderBlock
 from .model import Block, torch_dtype
 from .policies import SelectiveCheckpoint
 from .render import EARLY_STOP
 
-__all__ = ["DEFAULT_MENU", "block_options", "gpt_block_options", "gpt_chain", "plan_gpt"]
+__all__ = ["DEFAULT_MENU", "block_options", "encoder_chain", "gpt_block_options", "gpt_chain", "model_chain", "plan_gpt",
+           "plan_model"]
 
 DEFAULT_MENU = ("save_nothing", "save_dots", "attention_only", "save_qkv_proj", "mlp_only")
 """The checkpoint options of the default menu, as :data:`jaxremat.planner.DEFAULT_MENU`."""
@@ -168,25 +170,71 @@ def gpt_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence =
             "invariant_bytes": 0, "fixed_bytes": account.non_stack_peak_bytes("torch", cfg, batch, seq)}
 
 
-def plan_gpt(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,
-             policies: Sequence = DEFAULT_MENU, **kw) -> PlannerResult:
+class _MaskedBlock(nn.Module):
+    """An encoder block with its key mask held as a buffer: ``block(x)``, as :func:`block_options` runs it."""
+
+    def __init__(self, block: EncoderBlock, key_mask: torch.Tensor):
+        super().__init__()
+        self.block = block
+        self.register_buffer("key_mask", key_mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x, self.key_mask)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_encoder_menu(cfg: TransformerConfig, batch: int, seq: int, policies: tuple, seed: int) -> tuple:
+    torch.manual_seed(seed)
+    block = _MaskedBlock(EncoderBlock(cfg), torch.ones(batch, seq, dtype=torch.bool))
+    x = torch.randn(batch, seq, cfg.d_model, dtype=torch_dtype(cfg))
+    return tuple(block_options(block, x, policies))
+
+
+def encoder_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence = DEFAULT_MENU) -> dict:
+    """The chain of a BERT encoder stack (:class:`torchref.encoder.EncoderBlock`), as
+    :func:`jaxremat.planner.encoder_chain`: menus measured on the block (dropout 0, every key
+    real), ``invariant_bytes`` and ``fixed_bytes`` 0, left to the caller's calibration.
+
+    Raises:
+        ValueError: a family other than BERT, bad sizes, or a bad menu.
+    """
+    if getattr(cfg, "arch", None) != "bert":
+        raise ValueError(f"encoder_chain plans the BERT encoder block; cfg.arch is {cfg.arch!r}")
+    if batch < 1 or not 1 <= seq <= cfg.max_seq_len:
+        raise ValueError(f"need batch >= 1 and 1 <= seq <= {cfg.max_seq_len}, got batch={batch}, seq={seq}")
+    menu = list(_cached_encoder_menu(cfg.replace(dropout=0.0), batch, seq, _check_menu(policies), 0))
+    return {"options_per_block": [menu] * cfg.n_layer,
+            "boundary_bytes": batch * seq * cfg.d_model * torch_dtype(cfg).itemsize,
+            "invariant_bytes": 0, "fixed_bytes": 0}
+
+
+def model_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence = DEFAULT_MENU) -> dict:
+    """The planner's chain of any registered family, in PyTorch (its ``torch_planner_chain``,
+    :mod:`jaxremat.models.registry`), as :func:`jaxremat.planner.model_chain`.
+
+    Raises:
+        ValueError: a family without a planner chain, or as that family's chain builder.
+    """
+    return get_model(getattr(cfg, "arch", "gpt")).load("torch_planner_chain")(cfg, batch, seq, policies)
+
+
+def plan_model(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,
+               policies: Sequence = DEFAULT_MENU, **kw) -> PlannerResult:
     """The plan of least recompute whose predicted peak activation bytes fit ``budget_bytes`` (PyTorch).
 
-    As :func:`jaxremat.planner.plan_gpt`; the plan goes to :func:`torchref.render.forward_blocks` /
+    As :func:`jaxremat.planner.plan_model`; the plan goes to :func:`torchref.render.forward_blocks` /
     :func:`torchref.render.model_loss` as the schedule.
 
     Raises:
         jaxremat.spec.planner.NoPlanFits: no plan fits (the least achievable peak, and a plan).
-        ValueError: as :func:`gpt_block_options`, or a negative budget.
+        ValueError: as :func:`model_chain`, or a negative budget.
     """
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-        raise ValueError(f"budget_bytes must be an integer >= 0, got {budget_bytes!r}")
-    chain = gpt_chain(cfg, batch, seq, policies)
-    fixed = chain.pop("fixed_bytes")
-    try:
-        res = plan_for_budget(chain["options_per_block"], max(0, budget_bytes - fixed), chain["boundary_bytes"],
-                              chain["invariant_bytes"], **kw)
-    except NoPlanFits as exc:
-        raise NoPlanFits(budget_bytes, exc.min_peak_bytes + fixed, exc.min_peak_plan) from None
-    return dataclasses.replace(res, peak_bytes=res.peak_bytes + fixed, budget_bytes=budget_bytes,
-                               min_peak_bytes=res.min_peak_bytes + fixed)
+    return plan_chain(model_chain(cfg, batch, seq, policies), budget_bytes, **kw)
+
+
+def plan_gpt(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,
+             policies: Sequence = DEFAULT_MENU, **kw) -> PlannerResult:
+    """:func:`plan_model` for a GPT (raises ValueError for another family)."""
+    if getattr(cfg, "arch", "gpt") != "gpt":
+        raise ValueError(f"plan_gpt plans a GPT; cfg.arch is {cfg.arch!r} (use plan_model)")
+    return plan_model(cfg, batch, seq, budget_bytes, policies, **kw)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 __all__ = ["LAZY_PARTS", "ModelSpec", "get_model", "register_model", "registered_models", "unregister_model"]
 
 LAZY_PARTS = ("jax_loss", "jax_reverse_loop", "jax_check_batch", "torch_model", "torch_loss", "torch_reverse_loop",
-              "checkpoint", "activation_account", "peer_checks")
+              "checkpoint", "activation_account", "peer_checks", "jax_planner_chain", "torch_planner_chain")
 """The fields of :class:`ModelSpec` that hold import paths, resolved by :meth:`ModelSpec.load`."""
 
 _PATH = re.compile(r"[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?")
@@ -61,6 +61,10 @@ class ModelSpec:
             (:mod:`jaxremat.models.gpt.activation`'s functions), or None when the family has none.
         peer_checks: path of the harness's checks against a peer implementation
             (``(cfg, params, tokens, checkpoint_dir) -> list of dicts``), or None.
+        jax_planner_chain: path of the planner's chain builder in JAX, ``(cfg, batch, seq, policies)
+            -> {"options_per_block", "boundary_bytes", "invariant_bytes", "fixed_bytes"}``
+            (:func:`jaxremat.planner.gpt_chain`), or None when the family cannot be planned.
+        torch_planner_chain: the same in PyTorch (:func:`torchref.planner.gpt_chain`), or None.
         batch: what a loss batch holds: ``"windows"`` (``(B, T+1)`` token windows, next-token
             targets) or ``"sentence_pairs"`` (``(B, T)`` padded ids of B/2 paraphrase pairs).
         block_names_measurable: whether the per-block kept-names measurement
@@ -88,6 +92,8 @@ class ModelSpec:
     hf_model_type: Optional[str] = None
     activation_account: Optional[str] = None
     peer_checks: Optional[str] = None
+    jax_planner_chain: Optional[str] = None
+    torch_planner_chain: Optional[str] = None
     batch: str = "windows"
     block_names_measurable: bool = False
     compute_dtypes: tuple[str, ...] = ()

@@ -37,7 +37,8 @@ reports the peak of the merged plan. Since ``working_bytes >= kept_bytes``, ``en
 
 **The search space** (where the planner is exact): every cut of the chain into contiguous
 segments, and for each segment one option of the menu, the same option index for every block of
-the segment (the blocks' costs under it may differ block by block). That is exactly the set of
+the segment (the blocks' costs under it may differ block by block), each checkpointed segment at
+least ``min_checkpoint_length`` blocks long (1 unless the caller asks for more). That is exactly the set of
 one-level segment plans ``plan(L1+P1,L2:store,...)`` over the menu's policies. It leaves out:
 nested segments (``nested(...)``, Rotor's recursive recompute of a segment's interior; Beaumont
 et al. 2019 allow a segment to be re-checkpointed during its own backward), segments whose
@@ -77,7 +78,7 @@ from .policies import Policy, parse_policy
 from .segment_plan import PlanSegment, SegmentPlan
 
 __all__ = ["BlockOption", "Budget", "NoPlanFits", "PlannerResult", "chain_costs", "min_peak_plan", "parse_budget",
-           "plan_for_budget"]
+           "plan_chain", "plan_for_budget"]
 
 DEFAULT_RESOLUTION = 1000
 """Default number of byte quanta the budget is cut into (see the module docstring)."""
@@ -220,7 +221,12 @@ class PlannerResult:
 class _Menu:
     """Prefix sums of the options' costs: arrays of shape (options, N + 1)."""
 
-    def __init__(self, options_per_block: Sequence[Sequence[BlockOption]], boundary_bytes: int):
+    def __init__(self, options_per_block: Sequence[Sequence[BlockOption]], boundary_bytes: int,
+                 min_checkpoint_length: int = 1):
+        if isinstance(min_checkpoint_length, bool) or not isinstance(min_checkpoint_length, (int, np.integer)) \
+                or min_checkpoint_length < 1:
+            raise ValueError(f"min_checkpoint_length must be an integer >= 1 (blocks), got {min_checkpoint_length!r}")
+        self.min_ckpt = int(min_checkpoint_length)
         blocks = [tuple(opts) for opts in options_per_block] if isinstance(options_per_block, (list, tuple)) else None
         if not blocks:
             raise ValueError(f"options_per_block must be a non-empty list (one menu per block), got {options_per_block!r}")
@@ -267,7 +273,13 @@ class _Menu:
         C = (self.flops[:, a + 1:] - self.flops[:, a:a + 1]).T.ravel()
         b = np.repeat(np.arange(a + 1, self.n + 1), O)
         o = np.tile(np.arange(O), self.n - a)
+        if self.min_ckpt > 1:  # checkpointed segments shorter than the minimum are out of the space
+            W = np.where(self.ckpt[o] & (b - a < self.min_ckpt), _OUT, W)
         return K, W, C, b, o
+
+
+_OUT = np.int64(2**60)
+"""The working bytes given to a segment outside the space (no budget reaches them)."""
 
 
 def _check_bytes(name: str, v) -> int:
@@ -345,68 +357,90 @@ def _to_plan(menu: _Menu, segs) -> tuple[SegmentPlan, tuple]:
 
 
 def _min_peak(menu: _Menu, invariant: int) -> tuple[int, list]:
-    """Exact least peak over the space: g(a) = min_{b,o} max(W, B + K + g(b)), g(N) = 0."""
+    """Exact least peak over the space: g(a) = min_{b,o} max(W, B + K + g(b)), g(N) = 0.
+
+    As in :func:`_least_recompute`, a stored segment is never followed by another (state ``s``:
+    the segment below was stored), so that every plan is costed as the merged plan it renders to."""
     n = menu.n
-    g = np.zeros(n + 1, dtype=np.int64)
-    choice = [None] * n
+    g = np.zeros((2, n + 1), dtype=np.int64)
+    choice = [[None] * n, [None] * n]
     for a in range(n - 1, -1, -1):
         K, W, _, b, o = menu.all_from(a)
-        need = np.where(b == n, W, np.maximum(W, menu.boundary + K + g[b]))  # nothing above the top segment
-        k = int(np.argmin(need))
-        g[a], choice[a] = need[k], (int(b[k]), int(o[k]))
-    segs, a = [], 0
+        nxt = (~menu.ckpt[o]).astype(np.int64)  # the state above: 1 after a stored segment
+        need = np.minimum(np.where(b == n, W, np.maximum(W, menu.boundary + K + g[nxt, b])), _OUT)
+        for state in (0, 1):
+            cand = np.where(nxt.astype(bool), _OUT, need) if state else need
+            k = int(np.argmin(cand))
+            g[state, a], choice[state][a] = cand[k], (int(b[k]), int(o[k]))
+    if g[0, 0] >= _OUT:
+        raise ValueError(f"no plan has every checkpointed segment at least {menu.min_ckpt} blocks long: the "
+                         f"chain has {n} blocks and the menu no stored option; lower min_checkpoint_length "
+                         "or add 'store' to the menu")
+    segs, a, state = [], 0, 0
     while a < n:
-        b, o = choice[a]
+        b, o = choice[state][a]
         segs.append((b - a, o))
-        a = b
+        a, state = b, int(not menu.ckpt[o])
     return _costs(menu, segs, invariant)[0], segs
 
 
 def min_peak_plan(options_per_block: Sequence[Sequence[BlockOption]], boundary_bytes: int,
-                  invariant_bytes: int = 0) -> tuple[int, SegmentPlan]:
+                  invariant_bytes: int = 0, *, min_checkpoint_length: int = 1) -> tuple[int, SegmentPlan]:
     """The smallest predicted peak (bytes) over the planner's space, and a plan reaching it (exact).
 
+    ``min_checkpoint_length`` as in :func:`plan_for_budget`.
+
     Raises:
-        ValueError: bad menus or byte counts.
+        ValueError: bad menus or byte counts, or no plan with checkpointed segments that long.
     """
-    menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes))
+    menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes), min_checkpoint_length)
     peak, segs = _min_peak(menu, _check_bytes("invariant_bytes", invariant_bytes))
     return peak, _to_plan(menu, segs)[0]
 
 
 def _least_recompute(menu: _Menu, avail: int, q: int):
-    """The quantised DP: segments of the least-recompute plan within ``avail`` free bytes, or None."""
+    """The quantised DP: segments of the least-recompute plan within ``avail`` free bytes, or None.
+
+    ``f[s, a, r]``: state ``s = 1`` when the segment below block ``a`` is stored, which forbids a
+    stored segment at ``a``: neighbouring stored segments render as one (merged) segment, whose
+    cost is not the sum of the pieces', and a stored run of any length is a choice of its own."""
     n, R = menu.n, avail // q
     ri = np.arange(R + 1)
-    f = np.full((n + 1, R + 1), np.inf)
-    f[n] = 0.0
-    pick = np.zeros((n, R + 1), dtype=np.int64)
+    f = np.full((2, n + 1, R + 1), np.inf)
+    f[:, n] = 0.0
+    pick = np.zeros((2, n, R + 1), dtype=np.int64)
     starts = []
     for a in range(n - 1, -1, -1):
         K, W, C, b, o = menu.all_from(a)
+        nxt = (~menu.ckpt[o]).astype(np.int64)
         d = -(-(menu.boundary + K) // q)
         wq = -(-W // q)
         col = ri[None, :] - d[:, None]
         ok = ((col >= 0) | (b == n)[:, None]) & (ri[None, :] >= wq[:, None])  # the top segment: W only
-        vals = np.where(ok, f[b[:, None], np.maximum(col, 0)] + C[:, None], np.inf)
-        k = np.argmin(vals, axis=0)
-        f[a] = vals[k, ri]
-        pick[a] = k
+        vals = np.where(ok, f[nxt[:, None], b[:, None], np.maximum(col, 0)] + C[:, None], np.inf)
+        for state in (0, 1):
+            v = np.where(nxt.astype(bool)[:, None], np.inf, vals) if state else vals
+            # ties on recompute go to the choice that leaves the most bytes for the blocks above
+            best = v.min(axis=0)
+            k = np.where(v == best[None, :], d[:, None], np.iinfo(np.int64).max).argmin(axis=0)
+            f[state, a] = v[k, ri]
+            pick[state, a] = k
         starts.append((b, o, d))
     starts.reverse()
-    if not np.isfinite(f[0, R]):
+    if not np.isfinite(f[0, 0, R]):
         return None
-    segs, a, r = [], 0, R
+    segs, a, r, state = [], 0, R, 0
     while a < n:
         b, o, d = starts[a]
-        k = pick[a, r]
+        k = pick[state, a, r]
         segs.append((int(b[k]) - a, int(o[k])))
-        a, r = int(b[k]), r - int(d[k])
+        a, r, state = int(b[k]), r - int(d[k]), int(not menu.ckpt[int(o[k])])
     return segs
 
 
 def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_bytes: int, boundary_bytes: int,
-                    invariant_bytes: int = 0, *, resolution: int = DEFAULT_RESOLUTION) -> PlannerResult:
+                    invariant_bytes: int = 0, *, resolution: int = DEFAULT_RESOLUTION,
+                    min_checkpoint_length: int = 1) -> PlannerResult:
     """The segment plan of least recompute whose predicted peak fits ``budget_bytes``.
 
     Exact over the space of one-level segment plans of the menu (module docstring: the model, the
@@ -419,7 +453,8 @@ def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_b
         ckpt = BlockOption("save_nothing", True, "save_nothing", kept_bytes=0, working_bytes=100,
                            recompute_flops=1e9)
         r = plan_for_budget([[store, ckpt]] * 16, budget_bytes=1000, boundary_bytes=10)
-        r.recompute_flops  # 7e9: 7 of the 16 blocks are recomputed, r.peak_bytes == 950 <= 1000
+        r.recompute_flops  # 7e9: 7 of the 16 blocks are recomputed, r.peak_bytes == 970 <= 1000
+        r.plan.name       # 'plan(1*7+save_nothing,9:store)'
 
     Args:
         options_per_block: N >= 1 menus, one per block, bottom first; every menu lists the same
@@ -429,19 +464,25 @@ def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_b
         invariant_bytes: bytes (int >= 0) held once whatever the plan (counted in every peak).
         resolution: the number of byte quanta the free budget is cut into (int >= 1): time and
             memory grow with it; with at most this many free bytes the DP is exact in bytes.
+        min_checkpoint_length: the shortest checkpointed segment (blocks, int >= 1) the space
+            holds; stored segments may be of any length. A renderer that is not bitwise on
+            one-block segments (JAX under ``jit`` at some shapes: a scan of trip count 1 is
+            inlined and XLA fuses it differently) plans with 2.
 
     Returns:
         A :class:`PlannerResult`; its ``plan`` goes straight to ``remat_scan`` / ``remat_stack`` /
-        torchref's ``forward_blocks``. Among plans of equal recompute, the one whose lowest segment is shortest
-        (then with the lowest option index) is returned.
+        torchref's ``forward_blocks``. Among plans of equal
+        recompute, each segment from the bottom up is the one keeping the fewest bytes (then the
+        shortest, then the lowest option index).
 
     Raises:
         NoPlanFits: no plan of the space has a predicted peak <= ``budget_bytes`` (a ValueError
             giving the smallest achievable peak and a plan reaching it).
         ValueError: bad menus (empty, not BlockOption values, differing between blocks, duplicate
-            names), negative or non-integer byte counts, or a bad resolution.
+            names), negative or non-integer byte counts, a bad resolution or min_checkpoint_length,
+            or no plan with checkpointed segments that long (a menu without ``store``).
     """
-    menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes))
+    menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes), min_checkpoint_length)
     budget, inv = _check_bytes("budget_bytes", budget_bytes), _check_bytes("invariant_bytes", invariant_bytes)
     if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1:
         raise ValueError(f"resolution must be an integer >= 1 (byte quanta), got {resolution!r}")
@@ -466,6 +507,37 @@ def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_b
         raise AssertionError(f"planner bug: plan peak {peak} > budget {budget}")
     plan, names = _to_plan(menu, segs)
     return PlannerResult(plan, names, peak, flops, budget, least_peak, q, optimal, end)
+
+
+def plan_chain(chain: dict, budget_bytes: int, **kw) -> PlannerResult:
+    """:func:`plan_for_budget` on a model's chain, the budget on the whole step's scale.
+
+    Args:
+        chain: ``{"options_per_block", "boundary_bytes", "invariant_bytes", "fixed_bytes"}`` as the
+            frameworks' chain builders return it (:func:`jaxremat.planner.model_chain`,
+            :func:`torchref.planner.model_chain`); ``fixed_bytes`` are held outside the stack at
+            the peak, whatever the plan.
+        budget_bytes: peak activation bytes allowed for the whole step (int >= 0).
+        **kw: passed to :func:`plan_for_budget` (``resolution``, ``min_checkpoint_length``).
+
+    Returns:
+        The :class:`PlannerResult` with ``peak_bytes``, ``min_peak_bytes`` and ``budget_bytes`` on
+        the whole step's scale (the stack's plus ``fixed_bytes``).
+
+    Raises:
+        NoPlanFits: no plan fits (the least achievable whole-step peak, and a plan reaching it).
+        ValueError: a negative or non-integer budget, or as :func:`plan_for_budget`.
+    """
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)) or budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be an integer >= 0, got {budget_bytes!r}")
+    fixed = int(chain["fixed_bytes"])
+    try:
+        res = plan_for_budget(chain["options_per_block"], max(0, int(budget_bytes) - fixed), chain["boundary_bytes"],
+                              chain["invariant_bytes"], **kw)
+    except NoPlanFits as exc:  # restate it on the budget's scale: the whole step's activations
+        raise NoPlanFits(int(budget_bytes), exc.min_peak_bytes + fixed, exc.min_peak_plan) from None
+    return dataclasses.replace(res, peak_bytes=res.peak_bytes + fixed, budget_bytes=int(budget_bytes),
+                               min_peak_bytes=res.min_peak_bytes + fixed)
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}

@@ -1,7 +1,7 @@
 """Plans for a memory budget, as cases of the one case loop: ``plan(50%)`` and ``best_uniform(50%)``.
 
-``plan(BUDGET)`` is the planner's plan (:func:`jaxremat.planner.plan_gpt` in JAX,
-:func:`torchref.planner.plan_gpt` in PyTorch: least recompute within the budget over one-level
+``plan(BUDGET)`` is the planner's plan (:func:`jaxremat.planner.plan_model` in JAX,
+:func:`torchref.planner.plan_model` in PyTorch: least recompute within the budget over one-level
 segment plans with a policy per segment); ``best_uniform(BUDGET)`` is the uniform plan of least
 recompute that fits the same budget (``full``, ``every_k(k)``, ``segments(s)``, ``sqrt``, each
 with no policy or one of the menu's policies, predicted by the same menu and chain model).
@@ -111,10 +111,10 @@ class Resolution:
 
 def _chain(framework: str, cfg, batch: int, seq: int, policies) -> dict:
     if framework == "jax":
-        from jaxremat.planner import gpt_chain
+        from jaxremat.planner import model_chain
     else:
-        from torchref.planner import gpt_chain
-    return gpt_chain(cfg, batch, seq, policies)
+        from torchref.planner import model_chain
+    return model_chain(cfg, batch, seq, policies)
 
 
 def _uniform_segments(plan: RematPlan, n: int) -> list[tuple[int, str]]:
@@ -142,13 +142,13 @@ def uniform_candidates(n_layer: int, policies) -> list[RematPlan]:
     return out
 
 
-def _choose(request: BudgetRequest, chain: dict, n: int, target: int) -> tuple[RematPlan, dict]:
+def _choose(request: BudgetRequest, chain: dict, n: int, target: int, min_len: int = 1) -> tuple[RematPlan, dict]:
     """The plan for ``target`` bytes (whole-step peak activation) and its predictions."""
     fixed = chain["fixed_bytes"]
     opts, bnd, inv = chain["options_per_block"], chain["boundary_bytes"], chain["invariant_bytes"]
     if request.kind == "plan":
         try:
-            r = plan_for_budget(opts, max(0, target - fixed), bnd, inv)
+            r = plan_for_budget(opts, max(0, target - fixed), bnd, inv, min_checkpoint_length=min_len)
         except NoPlanFits as exc:
             raise NoPlanFits(target, exc.min_peak_bytes + fixed, exc.min_peak_plan) from None
         return RematPlan(r.plan), {"predicted_peak_activation_bytes": r.peak_bytes + fixed,
@@ -156,11 +156,14 @@ def _choose(request: BudgetRequest, chain: dict, n: int, target: int) -> tuple[R
     names = [o.name for o in opts[0]]
     best = None
     for plan in uniform_candidates(n, [m for m in names if m != "store"]):
-        peak, flops, saved = chain_costs(opts, _uniform_segments(plan, n), bnd, inv)
+        segs = _uniform_segments(plan, n)
+        if any(o != "store" and length < min_len for length, o in segs):
+            continue  # outside the space the planner searches too
+        peak, flops, saved = chain_costs(opts, segs, bnd, inv)
         if peak + fixed <= target and (best is None or (flops, peak) < best[0]):
             best = ((flops, peak), plan, saved)
     if best is None:
-        least, least_plan = min_peak_plan(opts, bnd, inv)
+        least, least_plan = min_peak_plan(opts, bnd, inv, min_checkpoint_length=min_len)
         raise NoPlanFits(target, least + fixed, least_plan)
     (flops, peak), plan, saved = best
     return plan, {"predicted_peak_activation_bytes": peak + fixed, "predicted_stack_saved_bytes": saved,
@@ -168,24 +171,24 @@ def _choose(request: BudgetRequest, chain: dict, n: int, target: int) -> tuple[R
 
 
 def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, ref, run: Callable[[RematPlan], object],
-            *, policies=None, predicted_none: int | None = None) -> Resolution:
+            *, policies=None, predicted_none: int | None = None, min_checkpoint_length: int = 1) -> Resolution:
     """Choose, run and if need be re-choose the plan of a budget case (module docstring).
 
     Args:
         request: the budget case.
         framework: ``"jax"`` or ``"torch"``.
-        cfg, batch, seq: the GPT and the batch's shape.
+        cfg, batch, seq: the model (a family with planner chains) and the batch's shape.
         ref: ``none``'s run in this framework (its ``memory.peak_activation_bytes`` is the reference).
         run: ``plan -> result`` (the case set's runner; results carry ``memory``).
         policies: the menu's checkpoint options (None: the framework's ``DEFAULT_MENU``).
         predicted_none: ``none``'s predicted peak activation (None: the chain model's all-store plan).
+        min_checkpoint_length: the shortest checkpointed segment of the space, for the planner
+            and the uniform plans alike (:func:`jaxremat.spec.planner.plan_for_budget`).
 
     Raises:
         jaxremat.spec.planner.NoPlanFits: no plan of the space is predicted to fit the (offset) budget.
-        ValueError: a family without an activation account, or ``none`` without a measured peak.
+        ValueError: a family without a planner chain, or ``none`` without a measured peak.
     """
-    if getattr(cfg, "arch", "gpt") != "gpt":
-        raise ValueError(f"budget plans need the GPT block's menus; model family {cfg.arch!r} has none yet")
     measured_none = ref.memory.peak_activation_bytes if ref.memory is not None else None
     if not measured_none:
         raise ValueError("none's peak activation bytes were not measured; a budget plan needs them")
@@ -203,7 +206,7 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
     last = None
     for _ in range(MAX_ATTEMPTS):
         try:
-            plan, pred = _choose(request, chain, n, target)
+            plan, pred = _choose(request, chain, n, target, min_checkpoint_length)
         except NoPlanFits as exc:
             if not attempts:
                 need = exc.min_peak_bytes + offset

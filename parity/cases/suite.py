@@ -94,9 +94,15 @@ class SuiteConfig:
                 out.append((plan.name, plan))
         for _, plan in out:  # resolve now so s > n_layer fails before any work starts
             if isinstance(plan, BudgetRequest):
-                if getattr(self.preset.config, "arch", "gpt") != "gpt" or self.preset.config.dropout:
-                    raise ValueError(f"{plan.name}: budget plans are planned from the GPT block's menus without "
-                                     f"dropout; model {self.preset.name!r} is not such a model (use --model gpt-small)")
+                spec = get_model(getattr(self.preset.config, "arch", "gpt"))
+                if spec.jax_planner_chain is None or spec.torch_planner_chain is None:
+                    raise ValueError(f"{plan.name}: model family {spec.name!r} has no planner chain "
+                                     "(ModelSpec.jax_planner_chain / torch_planner_chain); use --model gpt-small")
+                if any(self.preset.dropouts or (self.preset.config.dropout,)):
+                    raise ValueError(f"{plan.name}: budget plans are planned from menus measured without dropout; "
+                                     f"model {self.preset.name!r} runs dropout "
+                                     f"{max(self.preset.dropouts or (self.preset.config.dropout,))} too: use "
+                                     f"python -m parity plan --model {self.preset.name}, which runs dropout 0")
                 continue
             plan.segments_for(self.preset.config.n_layer)
             for p in plan.policies:
@@ -247,7 +253,8 @@ class _SuiteCases:
             return _Planned(r, self._run(framework, mode, r.plan, again=False))
         B, T = self.suite.preset.batch_size, self.suite.preset.seq_len
         r = resolve(plan, framework, self.cfg, B, T, self.refs[(framework, mode)],
-                    lambda p: self._run(framework, mode, p, again=False))
+                    lambda p: self._run(framework, mode, p, again=False),
+                    min_checkpoint_length=self.suite.preset.jax_min_checkpoint_length if framework == "jax" else 1)
         self.resolved[key] = r
         return _Planned(r, r.result)
 
@@ -277,15 +284,17 @@ def _attach_budget(case: dict, framework: str, cfg, B: int, T: int, r, res: RunR
     when its measured peak activation exceeds the budget."""
     last = r.last
     spec = get_model(cfg.arch)
-    outside = sum(t.bytes for t in spec.load("activation_account").outside_tensors(framework, cfg, B, T))
+    # a family without an account (BERT) has no prediction of what it keeps outside the stack
+    outside = (None if spec.activation_account is None else
+               sum(t.bytes for t in spec.load("activation_account").outside_tensors(framework, cfg, B, T)))
     measured = res.memory.peak_activation_bytes
     case.update(budget_bytes=r.budget_bytes, budget_offset_bytes=r.offset_bytes, budget_attempts=list(r.attempts),
                 planned_recompute_flops=last["recompute_flops"],
-                predicted_saved_bytes=outside + last["predicted_stack_saved_bytes"],
+                predicted_saved_bytes=None if outside is None else outside + last["predicted_stack_saved_bytes"],
                 predicted_peak_activation_bytes=last["predicted_peak_activation_bytes"],
                 peak_activation_bytes=measured, within_budget=measured is not None and measured <= r.budget_bytes)
     case["saved_gap"] = ((case["predicted_saved_bytes"] - res.memory.saved_bytes) / res.memory.saved_bytes
-                         if res.memory.saved_bytes else None)
+                         if res.memory.saved_bytes and outside is not None else None)
     case["peak_gap"] = ((case["predicted_peak_activation_bytes"] - measured) / measured if measured else None)
     if not case["within_budget"] and case["status"] == "pass":
         case["status"] = "over_budget"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from jaxremat.models import get_model
 from jaxremat.spec.planner import parse_budget
 
 from parity.checks.verdict import report_passed
@@ -60,7 +61,7 @@ def add_parser(sub) -> None:
                    help="compile the torch.compile points with inductor (minutes per budget here) instead of "
                    "aot_eager_decomp_partition (the same partitioner, seconds)")
     p.add_argument("--model", default="gpt-small",
-                   help="model preset, a GPT one: " + ", ".join(n for n, q in PRESETS.items() if q.config.arch == "gpt"))
+                   help="model preset: " + ", ".join(PRESETS) + " (budget plans run dropout 0; --frontier: a GPT one)")
     p.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
     p.add_argument("--repeats", type=ascii_int, default=None,
                    help="timed training steps per case, median reported (default: the model's, else 5)")
@@ -89,9 +90,16 @@ def plan_suite_from_args(args):
         raise ValueError("--frontier compares with torch.compile's activation_memory_budget, a fraction: give its "
                          "budgets as percentages (--budget 20%,50%)")
     preset = get_preset(args.model)
-    if preset.config.arch != "gpt":
-        raise ValueError(f"--model {args.model}: the planner's menus are the GPT block's; give a GPT preset "
-                         f"({', '.join(n for n, q in PRESETS.items() if q.config.arch == 'gpt')})")
+    spec = get_model(preset.config.arch)
+    if spec.jax_planner_chain is None or spec.torch_planner_chain is None:
+        raise ValueError(f"--model {args.model}: model family {spec.name!r} has no planner chain "
+                         "(ModelSpec.jax_planner_chain / torch_planner_chain)")
+    if args.frontier and preset.config.arch != "gpt":
+        raise ValueError(f"--frontier: its torch.compile points are measured on the GPT; --model {args.model} is "
+                         f"{preset.config.arch!r} (give --budget without --frontier, or a GPT preset: "
+                         f"{', '.join(n for n, q in PRESETS.items() if q.config.arch == 'gpt')})")
+    # budget plans are planned from menus measured without dropout: a preset's other rates are left out
+    preset = dataclasses.replace(preset, dropouts=None, eager_dropouts=None, config=preset.config.replace(dropout=0.0))
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     schedules = tuple(f"{kind}({b})" for b in budgets for kind in ("plan", "best_uniform"))

@@ -34,6 +34,9 @@ class ModelPreset:
         hparams: optimizer of the trained-weights check (None: :class:`AdamWConfig` defaults).
         eager_dropouts: dropout rates at which JAX also runs op by op (None: every rate).
         repeats: the preset's default ``--repeats`` (None: 5).
+        jax_min_checkpoint_length: the shortest checkpointed segment a budget plan may have in JAX
+            (:func:`jaxremat.spec.planner.plan_for_budget`'s ``min_checkpoint_length``): 2 where
+            one-block checkpointed segments are not bitwise under ``jit`` at this model.
     """
 
     name: str
@@ -47,3 +50,4 @@ class ModelPreset:
     hparams: Optional[AdamWConfig] = None
     eager_dropouts: Optional[tuple[float, ...]] = None
     repeats: Optional[int] = None
+    jax_min_checkpoint_length: int = 1

@@ -159,8 +159,9 @@ def verdict(report: dict) -> str:
     timed = [c for c in cases if c.get("time_overhead_range") and c["schedule"] != "none"]
     if timed:
         resolved = sum(not (r[0] <= 1.0 <= r[1]) for r in (c["time_overhead_range"] for c in timed))
-        parts.append(f"timing: {resolved} of {len(timed)} time/none ratios lie outside the run-to-run spread "
-                     "(the others are noise at these repeats)")
+        rest = len(timed) - resolved
+        parts.append(f"timing: {resolved} of {len(timed)} time/none ratios lie outside the run-to-run spread"
+                     + (f" (the other {rest} {'is' if rest == 1 else 'are'} noise at these repeats)" if rest else ""))
     return f"**Verdict: {head}** - " + "; ".join(parts) + "."
 
 

@@ -147,9 +147,9 @@ def test_run_takes_a_budget_plan_like_any_schedule(tmp_path):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["plan", "--budget", "0%"], "(0%, 100%]"), (["plan", "--model", "minilm-l6"], "GPT"),
+    (["plan", "--budget", "0%"], "(0%, 100%]"), (["plan", "--model", "minilm-l6", "--frontier"], "measured on the GPT"),
     (["plan", "--inductor"], "add --frontier"), (["plan", "--frontier", "--budget", "12MiB"], "percentages"),
-    (["run", "--model", "minilm-l6", "--schedules", "plan(50%)"], "GPT block"),
+    (["run", "--model", "minilm-l6", "--schedules", "plan(50%)"], "which runs dropout 0"),
 ])
 def test_plan_bad_input_is_one_line_and_exit_2(argv, match, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "x")]) == 2

@@ -52,13 +52,15 @@ def _model_costs(menus, segs, boundary, invariant):
     return max(max(live), end), flops
 
 
-def _brute_force(menus, boundary, invariant):
+def _brute_force(menus, boundary, invariant, min_checkpoint_length=1):
     """Every cut into contiguous segments, every option per segment: [(peak, recompute, segs)]."""
     n, n_opt = len(menus), len(menus[0])
     out = []
     for lengths in _compositions(n):
         for opts in itertools.product(range(n_opt), repeat=len(lengths)):
             segs = list(zip(lengths, opts))
+            if any(menus[0][o].checkpointed and length < min_checkpoint_length for length, o in segs):
+                continue
             peak, flops = _model_costs(menus, segs, boundary, invariant)
             out.append((peak, flops, segs))
     return out
@@ -129,6 +131,35 @@ def test_rounded_plan_never_exceeds_budget_and_is_optimal_for_rounded_costs(chai
         assert r.peak_bytes == r.min_peak_bytes
 
 
+@settings(max_examples=40, deadline=None)
+@given(_chains(max_n=7), st.integers(0, 400), st.integers(2, 4))
+def test_min_checkpoint_length_equals_brute_force_over_the_smaller_space(chain, budget, m):
+    menus, boundary, invariant = chain
+    every = _brute_force(menus, boundary, invariant, m)
+    if not every:  # no stored option and a chain too short for one checkpointed segment
+        with pytest.raises(ValueError, match="at least"):
+            plan_for_budget(menus, budget, boundary, invariant, min_checkpoint_length=m)
+        return
+    fitting = [f for p, f, _ in every if p <= budget]
+    if not fitting:
+        with pytest.raises(NoPlanFits) as err:
+            plan_for_budget(menus, budget, boundary, invariant, min_checkpoint_length=m)
+        assert err.value.min_peak_bytes == min(p for p, _, _ in every)
+        assert all(s.length >= m for s in err.value.min_peak_plan.segments if s.checkpointed)
+        return
+    r = plan_for_budget(menus, budget, boundary, invariant, min_checkpoint_length=m)
+    assert r.recompute_flops == min(fitting) and r.peak_bytes <= budget
+    assert all(s.length >= m for s in r.plan.segments if s.checkpointed)
+    assert min_peak_plan(menus, boundary, invariant, min_checkpoint_length=m)[0] == min(p for p, _, _ in every)
+
+
+def test_min_checkpoint_length_refuses_bad_values():
+    store = BlockOption("store", False, kept_bytes=1, working_bytes=1)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="min_checkpoint_length must be an integer >= 1"):
+            plan_for_budget([[store]] * 3, 10, 1, min_checkpoint_length=bad)
+
+
 def test_min_peak_plan_equals_brute_force_minimum():
     menus = [[BlockOption("store", False, None, 10 + i, 10 + i),
               BlockOption("save_nothing", True, "save_nothing", 0, 10 + i, 5)] for i in range(6)]
@@ -186,8 +217,8 @@ def test_docstring_example():
     ckpt = BlockOption("save_nothing", True, "save_nothing", kept_bytes=0, working_bytes=100, recompute_flops=1e9)
     r = plan_for_budget([[store, ckpt]] * 16, budget_bytes=1000, boundary_bytes=10)
     assert isinstance(r, PlannerResult)
-    assert r.recompute_flops == 7e9 and r.peak_bytes == 950
-    assert r.plan.name.startswith("plan(6:store,")
+    assert r.recompute_flops == 7e9 and r.peak_bytes == 970
+    assert r.plan.name == "plan(1*7+save_nothing,9:store)"
 
 
 def test_no_plan_fits_names_the_least_peak_and_the_budget():

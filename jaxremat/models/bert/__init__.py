@@ -30,5 +30,7 @@ SPEC = register_model(ModelSpec(
     checkpoint="jaxremat.models.bert.checkpoint",
     hf_model_type="bert",
     peer_checks="parity.checks.peer:peer_checks",
+    jax_planner_chain="jaxremat.planner:encoder_chain",
+    torch_planner_chain="torchref.planner:encoder_chain",
     batch="sentence_pairs",
 ))
