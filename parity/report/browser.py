@@ -12,6 +12,7 @@ from __future__ import annotations
 # Deferred imports: playwright is an optional dependency (the dev extra); it is imported when a browser starts.
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -28,9 +29,7 @@ def missing() -> str | None:
     """Why no browser can start here (a sentence), or None when Chromium and Playwright are both there."""
     if not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)):
         return f"Chromium not found at {CHROMIUM} (apt-get install chromium, or set PARITY_CHROMIUM)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("playwright") is None:
         return "Playwright for Python is not installed (pip install playwright; the dev extra has it)"
     return None
 

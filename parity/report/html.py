@@ -39,6 +39,7 @@ from jaxremat.models.config import TransformerConfig
 from jaxremat.models.gpt import activation as am
 from jaxremat.spec import parse_plan, parse_schedule
 
+from parity.report.browser import screenshot
 from parity.report.files import atomic_write, json_safe
 from parity.report.html_model import DEFAULT_BATCHES, DEFAULT_MAX_DEPTH, DEFAULT_SEQS, model_data
 
@@ -234,8 +235,6 @@ def main(argv=None) -> int:
         return 2
     print(f"wrote {path}")
     if args.screenshot is not None:
-        from parity.report.browser import screenshot
-
         screenshot(path, args.screenshot)
         print(f"wrote {args.screenshot}")
     return 0

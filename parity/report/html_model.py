@@ -8,7 +8,7 @@ JavaScript holds no formula of its own beyond one generic evaluator of the expor
   :mod:`jaxremat.models.gpt.activation`: ``layer_bytes`` (the chain's unit), ``boundary_bytes``,
   ``stack_invariant_bytes``, the sum of ``outside_tensors``, ``non_stack_peak_bytes``, and the
   per-tensor list of one block (``block_tensors``: name, what, bytes, per layer or once per stack).
-* ``schedules``: per depth N and schedule, the segments :meth:`jaxremat.spec.Schedule.segments_for`
+* ``schedules``: per depth N and schedule, the segments the schedule's ``segments_for`` (:mod:`jaxremat.spec.schedules`)
   gives (lengths, checkpointed, the inner schedule's segments of a nested one, run-length coded),
   and the unit model's ``peak_units`` and ``recomputed_blocks`` (:mod:`jaxremat.spec.cost`) under
   each policy of the page.

@@ -169,8 +169,9 @@ function drawLiveSegments(s, current) {
                  name: "measured peak activation", mode: "markers", marker: MEASURED, yaxis: "y"});
   Plotly.react("live-segments", traces, {
     title: {text: `Peak vs segment count at N = ${s.n_layer} (${s.framework}, B = ${s.batch}, T = ${s.seq})`},
-    xaxis: {title: {text: "segments s"}}, yaxis: {title: {text: "peak activation (MiB)"}},
-    yaxis2: {title: {text: "peak units (blocks' activations)"}, overlaying: "y", side: "right"},
+    xaxis: {title: {text: "segments s"}},
+    yaxis2: {title: {text: "peak units (blocks' activations)"}, overlaying: "y", side: "right", rangemode: "tozero"},
+    yaxis: {title: {text: "peak activation (MiB)"}, rangemode: "tozero"},
     legend: {orientation: "h", y: -0.25}, margin: {t: 50}}, PLOT_CONFIG);
 }
 function drawLiveDepth(s) {
