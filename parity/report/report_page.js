@@ -217,8 +217,8 @@ function buildStatic() {
     for (const [k, g] of Object.entries(groups))
       traces.push({x: g.map(p => p.n_layer), y: g.map(p => mib(p.peak_activation_bytes)), mode: "markers",
                    name: `${k} (measured)`, marker: {size: 9}});
-    Plotly.newPlot(div, traces, {xaxis: {title: {text: "depth N (blocks)"}, type: "log"},
-      yaxis: {title: {text: "peak activation (MiB)"}, type: "log"}, legend: {font: {size: 10}}}, PLOT_CONFIG);
+    Plotly.newPlot(div, traces, {height: 560, xaxis: {title: {text: "depth N (blocks), log scale"}, type: "log"},
+      yaxis: {title: {text: "peak activation (MiB), log scale"}, type: "log"}, legend: {font: {size: 10}}}, PLOT_CONFIG);
     const div2 = section("Saved vs peak activation, per plan",
       "Filled markers: measured. Open markers: the per-layer model's prediction (where it covers the plan).");
     const meas = {x: pts.map(p => mib(p.saved_bytes)), y: pts.map(p => mib(p.peak_activation_bytes)),
