@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("jaxremat", "torchref", "parity")
-HEAVY = {"jax", "jaxlib", "flax", "optax", "torch", "transformers", "tokenizers", "safetensors", "matplotlib",
+HEAVY = {"jax", "jaxlib", "flax", "optax", "torch", "transformers", "tokenizers", "safetensors", "matplotlib", "plotly", "playwright",
          "psutil"}
 PLATFORM = {"fcntl", "msvcrt"}  # platform-specific: imported where used, so other platforms can import the module
 MARKER = "# Deferred imports:"

@@ -11,7 +11,7 @@ by default) and adds PyTorch's compiler-assisted remat, ``torch.compile`` with
 (:mod:`torchref.compiled`), then writes ``frontier.png`` (recompute against measured peak activation).
 
 Writes ``plan.json`` (the suite report plus ``plan_rows``, one row per framework and budget, and
-``compiled`` points), ``plan.md``, and with ``--frontier`` ``frontier.png``. Exit codes: 0 every
+``compiled`` points), ``plan.md``, ``report.html`` (:mod:`parity.report.html`), and with ``--frontier`` ``frontier.png``. Exit codes: 0 every
 case passed (bitwise, within its budget), 1 a check failed, a case errored or went over budget,
 2 bad input or an output directory that cannot take the files, 130 interrupted.
 """
@@ -35,13 +35,14 @@ from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.report.environment import environment_info
 from parity.report.files import WriteError, atomic_write, json_text
+from parity.report.html import HTML_NAME, write_html
 from parity.report.suite_report import OutputDirError
 from parity.report.suite_report import markdown as suite_markdown
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-PLAN_FILES = ("plan.json", "plan.md", "frontier.png")
+PLAN_FILES = ("plan.json", "plan.md", "frontier.png", HTML_NAME)
 DEFAULT_FRONTIER = tuple(f"{p}%" for p in range(10, 101, 10))
 PLAN_SCHEMA_VERSION = 1
 
@@ -322,8 +323,9 @@ def _plan_locked(args, suite, budgets, console, kept, lock, env) -> int:
         report["frontier_plot"] = plot_budget_frontier(report, args.out / "frontier.png").name
     atomic_write(args.out / "plan.json", json_text(report))
     atomic_write(args.out / "plan.md", markdown(report))
+    write_html(report, args.out)
     print_summary(report, Console(width=240) if not console.is_terminal else Console())
-    cc.note(console, f"wrote {args.out / 'plan.json'}, {args.out / 'plan.md'}"
+    cc.note(console, f"wrote {args.out / 'plan.json'}, {args.out / 'plan.md'}, {args.out / HTML_NAME}"
             + (f", {args.out / 'frontier.png'}" if args.frontier else ""))
     compiled_ok = all(p.get("error") is None for p in report["compiled"])
     if plan_passed(report, frontier=args.frontier) and compiled_ok:

@@ -25,6 +25,7 @@ from parity.cli.checks import out_path, plain_ints, unique_items
 from parity.report.environment import environment_info
 from parity.report.files import WriteError
 from parity.report.files import atomic_write, json_text
+from parity.report.html import HTML_NAME, write_html
 from parity.report.suite_report import OutputDirError
 from rich.console import Console
 import dataclasses
@@ -34,7 +35,7 @@ def add_parser(sub) -> None:
     """Register the ``sweep`` subcommand on an argparse subparsers object."""
     p = sub.add_parser("sweep", help="depth sweep: activation memory and step time vs depth, slopes, plots",
                        description="Measure saved and peak activation bytes and step time at each depth for each "
-                       "schedule in JAX and PyTorch; fit log-log slopes; write sweep.json, sweep.md and PNG plots.")
+                       "schedule in JAX and PyTorch; fit log-log slopes; write sweep.json, sweep.md, report.html and PNG plots.")
     p.add_argument("--depths", default=",".join(map(str, DEFAULT_DEPTHS)),
                    help=f"comma-separated depths N (default: {','.join(map(str, DEFAULT_DEPTHS))})")
     p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
@@ -178,7 +179,7 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-SWEEP_FILES = ("sweep.json", "sweep.md", "memory_vs_depth.png", "frontier.png", "block_bytes.png")
+SWEEP_FILES = ("sweep.json", "sweep.md", "memory_vs_depth.png", "frontier.png", "block_bytes.png", HTML_NAME)
 
 
 def cmd_sweep(args) -> int:
@@ -230,8 +231,10 @@ def _sweep_locked(args, sweep: SweepConfig, console, kept, lock, env) -> int:
     report.update(plots=plots, complete=True, nonfinite_encoding="string", environment=env)
     atomic_write(args.out / "sweep.json", json_text(report, indent=1))
     atomic_write(args.out / "sweep.md", markdown(report, plots))
+    write_html(report, args.out)
     for fw, plans in report["slopes"].items():
         cc.note(console, fw + ": " + ", ".join(f"{p} saved {_f(s['saved'])} peak {_f(s['peak_activation'])}"
                                                for p, s in plans.items()))
-    cc.note(console, f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.md'}, " + ", ".join(plots.values()))
+    cc.note(console, f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.md'}, {args.out / HTML_NAME}, "
+            + ", ".join(plots.values()))
     return 1 if any(c["error"] for c in report["cases"]) else 0

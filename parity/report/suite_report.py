@@ -1,4 +1,4 @@
-"""Writing the parity report: ``report.json``, ``report.md`` and a terminal table (rich).
+"""Writing the parity report: ``report.json``, ``report.md``, ``report.html`` and a terminal table (rich).
 
 Files are written atomically (:mod:`parity.report.files`: temporary file, ``fsync``, ``os.replace``), so
 an interrupted run or a full disk never leaves a half-written report; ``report.json`` is strict
@@ -22,10 +22,11 @@ from rich.text import Text
 from jaxremat.models import get_model, registered_models
 
 from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
+from parity.report.html import HTML_NAME, write_html
 
 from parity.checks.verdict import report_passed
 
-REPORT_FILES = ("report.json", "report.md")
+REPORT_FILES = ("report.json", "report.md", HTML_NAME)
 
 SCHEMA_VERSION = 5
 """report.json schema: 5 lets a segment plan's case list its policies (``policy`` joined by ``,``;
@@ -341,7 +342,9 @@ def markdown(report: dict) -> str:
 
 
 def write_report(report: dict, out: Path) -> list[Path]:
-    """Write ``report.json`` (strict JSON) and ``report.md`` into ``out`` atomically; return their paths.
+    """Write ``report.json`` (strict JSON) and ``report.md`` into ``out`` atomically, and for a complete
+    report ``report.html`` (:mod:`parity.report.html`); return their paths. A partial report
+    (``"complete": false``) removes a ``report.html`` left there, so the page never shows another run.
 
     Raises:
         parity.report.files.WriteError: a file could not be written (disk full, ``ulimit -f``); the file
@@ -350,4 +353,7 @@ def write_report(report: dict, out: Path) -> list[Path]:
     paths = [out / "report.json", out / "report.md"]
     atomic_write(paths[0], json_text({**report, "nonfinite_encoding": NONFINITE_ENCODING}))
     atomic_write(paths[1], markdown(report))
-    return paths
+    if report.get("complete") is False:
+        (out / HTML_NAME).unlink(missing_ok=True)
+        return paths
+    return [*paths, write_html(report, out)]

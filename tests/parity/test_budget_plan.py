@@ -121,6 +121,7 @@ def _plan_command(tmp_path, model, frameworks, budget):
             assert c["peak_activation_bytes"] <= row["budget_bytes"] and c["within_budget"]
         assert row["planner"]["recompute_flops"] <= row["uniform"]["recompute_flops"]
         assert row["recompute_vs_uniform"] in ("less", "equal")
+    assert "report-data" in (out / "report.html").read_text()
     return report, (out / "plan.md").read_text()
 
 

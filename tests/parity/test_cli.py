@@ -34,6 +34,7 @@ def test_cli_run_writes_valid_report(tiny_report):
     rc, out = tiny_report
     report = json.loads((out / "report.json").read_text())
     assert report["schema"] == SCHEMA_VERSION and report["complete"] is True
+    assert "report-data" in (out / "report.html").read_text()  # the page: docs/report-html.md
     cases = report["cases"]
     assert {(c["framework"], c["mode"]) for c in cases} == {("jax", "jit"), ("jax", "eager"), ("torch", "eager")}
     assert {c["schedule"] for c in cases} == {"none", "every_k(2)", "sqrt", "every_k(2)+save_qkv_proj"}

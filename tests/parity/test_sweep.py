@@ -109,6 +109,7 @@ def test_cli_sweep_writes_json_markdown_and_plots(tmp_path):
     data = json.loads((tmp_path / "sweep.json").read_text())
     assert set(data["slopes"]["torch"]) == {"none", "full"}
     md = (tmp_path / "sweep.md").read_text()
+    assert "report-data" in (tmp_path / "report.html").read_text()
     assert "- not assessed: JAX did not run in this sweep (--frameworks torch)" in md and "realized" not in md
     assert data["complete"] is True and data["environment"]["versions"]["torch"]
     for png in ("memory_vs_depth.png", "frontier.png", "block_bytes.png"):
