@@ -22,6 +22,10 @@ A budget plan is resolved when its case runs, once ``none`` has been measured:
    is recorded in the case (``budget_attempts``); the case reports the last one, and a measured
    peak over budget is the status ``over_budget``, a failure.
 
+A family without a per-tensor account (the BERT encoder) has a chain of its stack only
+(``fixed_bytes`` 0): the prediction it reports is the chain's plus ``none``'s offset
+(``calibration_bytes`` in each attempt), the offset standing in for what lies outside the stack.
+
 JAX op by op reuses the plan resolved under ``jit`` (the compiled program is what is measured).
 """
 
@@ -34,6 +38,7 @@ import dataclasses
 import re
 from typing import Callable
 
+from jaxremat.models import get_model
 from jaxremat.spec.plan import RematPlan, parse_plan
 from jaxremat.spec.planner import Budget, NoPlanFits, chain_costs, min_peak_plan, parse_budget, plan_for_budget
 from jaxremat.spec.policies import parse_policy
@@ -202,6 +207,7 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
     budget = request.budget.resolve(measured_none)
     offset = max(0, int(measured_none) - int(predicted_none))
     target, none_offset = budget - offset, offset
+    calibrate = get_model(getattr(cfg, "arch", "gpt")).activation_account is None
     attempts: list[dict] = []
     last = None
     for _ in range(MAX_ATTEMPTS):
@@ -226,13 +232,16 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
         res = run(plan)
         last = (plan, res)
         measured = res.memory.peak_activation_bytes
+        raw = pred["predicted_peak_activation_bytes"]
+        if calibrate:  # no account of what lies outside the stack: none's gap stands in for it
+            pred = {**pred, "predicted_peak_activation_bytes": raw + none_offset, "calibration_bytes": none_offset}
         attempts.append({"plan": plan.name, "target_bytes": int(target), **pred,
                          "measured_peak_activation_bytes": measured,
                          "within_budget": measured is not None and measured <= budget})
         if measured is None or measured <= budget:
             break
         # this plan measured further above its prediction than none did: take that error off the budget
-        error = measured - pred["predicted_peak_activation_bytes"]
+        error = measured - raw
         target = budget - max(offset, error) if error > offset else target - (measured - budget)
         offset = max(offset, error)
     return Resolution(last[0], last[1], budget, tuple(attempts), none_offset)

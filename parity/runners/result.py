@@ -35,8 +35,9 @@ class Memory:
             (parameters and buffers excluded; PyTorch: saved tensors, checkpoint inputs and the
             policy's cached outputs; JAX: the non-argument saved residuals of the loss).
         offloaded_bytes: saved bytes the policy moved to host memory (0 when none).
-        peak_bytes: peak bytes of the step, parameters, gradients (and optimizer state where the
-            step holds one) included.
+        peak_bytes: peak bytes of one forward and backward pass (JAX: ``value_and_grad``; PyTorch:
+            ``backward()`` with the AdamW state held, the optimizer's own step left out),
+            parameters, gradients (and optimizer state where the step holds one) included.
         peak_activation_bytes: ``peak_bytes`` less parameters, gradients and optimizer state
             (JAX: less parameters (arguments) and gradients (outputs), ``2 x`` parameter bytes;
             PyTorch: less MemTracker's ``PARAM``, ``BUFFER``, ``GRAD`` and ``OPT``, or on CUDA the

@@ -122,3 +122,33 @@ def test_other_families_and_dropout_are_refused():
         gpt_block_options(CFG.replace(dropout=0.1), B, T)
     with pytest.raises(ValueError, match="budget_bytes"):
         plan_gpt(CFG, B, T, -1)
+
+
+BERT = TransformerConfig(arch="bert", vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8,
+                         layer_norm_eps=1e-12, dropout=0.0)
+
+
+def test_the_encoder_chain_is_measured_on_its_block_and_its_plan_runs():
+    from jaxremat.encoder import loss_fn as encoder_loss
+    from jaxremat.planner import model_chain, plan_model
+
+    chain = model_chain(BERT, 4, T)
+    menu = chain["options_per_block"][0]
+    assert [o.name for o in menu] == ["store", *DEFAULT_MENU] and len(chain["options_per_block"]) == 4
+    assert chain["fixed_bytes"] == chain["invariant_bytes"] == 0 and chain["boundary_bytes"] == 4 * T * 16 * 4
+    # a stored stack of 4 keeps what the encoder's own stack keeps (its residuals less what lies outside it)
+    assert menu[0].kept_bytes > menu[2].kept_bytes > 0 == menu[1].kept_bytes
+    store_all = chain_costs(chain["options_per_block"], [(4, "store")], chain["boundary_bytes"])[0]
+    from jaxremat.spec.planner import min_peak_plan
+    budget = (min_peak_plan(chain["options_per_block"], chain["boundary_bytes"], min_checkpoint_length=2)[0]
+              + store_all) // 2
+    r = plan_model(BERT, 4, T, budget, min_checkpoint_length=2)
+    assert r.recompute_flops > 0 and r.peak_bytes <= budget and all(s.length >= 2 for s in r.plan.segments if s.checkpointed)
+    params = {k: jnp.asarray(v) for k, v in init_params(BERT).items()}
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 64, (4, T)))
+    grads = [jax.grad(encoder_loss)(params, tokens, BERT, s) for s in (parse_schedule("none"), r.plan)]
+    for k in grads[0]:  # op by op: the plan changes no bit
+        assert np.array_equal(np.asarray(grads[0][k]), np.asarray(grads[1][k])), k
+    with pytest.raises(ValueError, match="encoder_chain plans the BERT"):
+        from jaxremat.planner import encoder_chain
+        encoder_chain(CFG, B, T)

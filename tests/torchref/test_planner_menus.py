@@ -58,3 +58,21 @@ def test_plan_and_errors():
         plan_gpt(CFG, B, T, 10)
     with pytest.raises(ValueError, match="block_input"):
         gpt_block_options(CFG, B, T, [__import__("jaxremat").parse_policy("save(block_input)")])
+
+
+def test_the_encoder_chain_is_measured_on_its_block():
+    from jaxremat.models.config import TransformerConfig as Config
+    from jaxremat.spec.planner import chain_costs
+    from torchref.planner import encoder_chain, model_chain, plan_model
+
+    bert = Config(arch="bert", vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8,
+                  layer_norm_eps=1e-12, dropout=0.0)
+    chain = model_chain(bert, 4, 8)
+    menu = chain["options_per_block"][0]
+    assert menu[0].name == "store" and menu[0].kept_bytes > menu[2].kept_bytes > 0 == menu[1].kept_bytes
+    assert chain["fixed_bytes"] == 0 and chain["boundary_bytes"] == 4 * 8 * 16 * 4
+    store_all = chain_costs(chain["options_per_block"], [(4, "store")], chain["boundary_bytes"])[0]
+    r = plan_model(bert, 4, 8, store_all // 2)
+    assert r.peak_bytes <= store_all // 2 and r.recompute_flops > 0
+    with pytest.raises(ValueError, match="encoder_chain plans the BERT"):
+        encoder_chain(bert.replace(arch="gpt"), 4, 8)
