@@ -18,21 +18,19 @@ outside, as torchtitan applies it, and the remat plan is rendered by the same
 * :func:`full_params` gathers canonical parameters or gradients on every rank
   (``DTensor.full_tensor()`` for sharded ones), :func:`local_state_bytes` counts what one rank holds.
 
-How FSDP2's hooks meet checkpoint's recompute (torch 2.13 ``_fsdp_state.py``; measured, see
-the parity worker): ``fully_shard`` registers a forward pre-hook (all-gather the block's
-parameters), a forward hook (free them again, ``reshard_after_forward=True`` for non-root
-modules) and, on the block's outputs, a pre-backward hook (all-gather again before the block's
-backward). Under non-reentrant checkpoint the block's backward first runs the pre-backward
-all-gather, then unpacks a saved tensor, which recomputes the segment by calling the blocks
-again. A block whose pre-backward has fired is in ``TrainingState.PRE_BACKWARD``: its forward
-hooks see that state and do nothing (the parameters are already gathered; ``_pre_forward``
-gathers them if a nested reshard freed them). The other blocks of a multi-block segment
-(``sqrt``, ``every_k(2)``, ``checkpoint_sequential``) are still ``IDLE`` when the last block's
-backward recomputes them, so their recompute is a plain FSDP2 forward: all-gather, compute,
-reshard, and their own pre-backward all-gathers them once more. The recomputed values are the
-same bits either way (the all-gather copies shards; no arithmetic), which is why every plan is
-bitwise against ``none`` on the same mesh. The cost: a ``k``-block segment all-gathers its first
-``k - 1`` blocks twice in the backward pass (3 gathers per step instead of 2).
+How FSDP2's hooks meet checkpoint's recompute (torch 2.13 ``_fsdp_state.py``; docs/sharding-torch.md):
+``fully_shard`` registers a forward pre-hook (all-gather the block's parameters), a forward hook
+(free them again, ``reshard_after_forward=True`` for non-root modules) and, on the block's
+outputs, a pre-backward hook (all-gather again before the block's backward). Under non-reentrant
+checkpoint the block's backward first runs that pre-backward all-gather, then unpacks a saved
+tensor, which recomputes the segment by calling the blocks again. A block in
+``TrainingState.PRE_BACKWARD`` skips its forward hooks during the recompute (``_pre_forward``
+only gathers again if the parameters were freed), so the recompute runs on the parameters the
+backward gathered. Measured (``FSDPParamGroup.unshard`` counted per block, gpt-tiny, 2 gloo
+ranks): every block is all-gathered once in the forward and once in the backward pass under
+``none``, ``full``, ``sqrt``, ``every_k(2)`` and ``nested`` alike -- remat adds recompute, not
+communication. The recomputed values are the same bits (an all-gather copies shards, no
+arithmetic), and every plan is bitwise against ``none`` on the same mesh.
 
 Example (two ``gloo`` ranks on one machine; :mod:`parity.distributed.torch_worker` starts them)::
 
