@@ -38,9 +38,10 @@ gpt-small: 0.7 eps (data=2, only ``wte`` differs, 256 ULP of an entry near zero)
 EXCEPTIONS = {
     "local-shape-one-layer-segments": (
         "the plan is not bitwise against none on ONE device either, at the per-device batch (B / batch "
-        "shards): one-layer checkpointed segments are scans of trip count 1, removed by XLA's "
-        "simplify-while-loops and fused with their neighbours (docs/framework-differences.md, section 2); "
-        "the mesh inherits it from the per-device shapes (docs/sharding.md, 'What is bitwise')"),
+        "shards), measured in the same run: checkpointed one-layer segments at small shapes round a few "
+        "float32 eps apart under jit (the recomputed layer runs as a cond branch inside the backward loop, "
+        "compiled apart from none's forward loop body; docs/framework-differences.md, section 2); the mesh "
+        "inherits it from the per-device shapes (docs/sharding.md; python -m parity.distributed.explain)"),
 }
 """Documented exceptions: id -> mechanism. An exception is granted only when its condition is measured in the same run."""
 

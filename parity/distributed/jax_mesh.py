@@ -151,12 +151,17 @@ def _single_compiled(cfg, plan: RematPlan, tokens_shape):
     return jax.jit(_value_and_grad(cfg, plan)).lower(*args).compile()
 
 
+def single_compiled_hlo(cfg, plan: RematPlan, tokens_shape) -> str:
+    """The optimized HLO text of ``plan``'s single-device loss+gradient program at ``tokens_shape``."""
+    return _single_compiled(cfg, plan, tuple(tokens_shape)).as_text()
+
+
 def single_device_grads(cfg, params_np: dict, tokens_np: np.ndarray, plan: RematPlan) -> tuple[np.ndarray, dict, int]:
     """Loss, gradients and compiled temp bytes of ``plan`` on ONE device (no sharding), for the references."""
     device = jax.devices()[0]
     params = {k: jax.device_put(np.asarray(v), device) for k, v in params_np.items()}
     tokens = jax.device_put(np.asarray(tokens_np, np.int32), device)
-    compiled = _single_compiled(cfg, plan, tokens.shape)
+    compiled = _single_compiled(cfg, plan, tuple(tokens.shape))
     loss, grads = compiled(params, tokens)
     return np.asarray(loss), {k: np.asarray(v) for k, v in grads.items()}, int(compiled_stats(compiled)["temp_bytes"])
 

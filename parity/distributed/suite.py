@@ -1,9 +1,8 @@
 """The distributed suite (``python -m parity run --suite distributed``): both frameworks past one device.
 
 :func:`run_distributed` starts the JAX worker (:mod:`parity.distributed.jax_worker`, its own process:
-JAX takes its host-device count from ``XLA_FLAGS`` at start), then, when
-``parity.distributed.torch_worker`` is importable, the PyTorch ranks
-(``run_torch_distributed``), and compares each PyTorch mesh's ``none`` gradients with the JAX mesh
+JAX takes its host-device count from ``XLA_FLAGS`` at start), then, when the
+PyTorch worker module (:data:`TORCH_WORKER`) imports, the PyTorch ranks (its ``run_torch_distributed``), and compares each PyTorch mesh's ``none`` gradients with the JAX mesh
 of the same layout (else JAX data parallel) within :data:`parity.checks.compare.TOLERANCES`
 (:func:`parity.checks.compare.cross_check`). The report object carries the usual keys
 (``cases`` empty) plus ``distributed``: one section per mesh (docs/report-schema.md).
