@@ -17,6 +17,11 @@ import argparse
 import os
 import sys
 
+from parity.inputs.pretrained import preset_inputs
+import numpy as np
+from jaxremat.spec.plan import parse_plan
+from parity.checks.compare import compare_bitwise
+from parity.inputs.presets import get_preset
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.distributed.explain", description=__doc__.splitlines()[0])
@@ -27,13 +32,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.disable_pass:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_disable_hlo_passes={args.disable_pass}").strip()
-    import numpy as np
 
-    from jaxremat.spec.plan import parse_plan
-    from parity.checks.compare import compare_bitwise
     from parity.distributed import jax_mesh as jm
-    from parity.inputs.presets import get_preset
-    from parity.inputs.pretrained import preset_inputs
 
     cfg, params, tokens = preset_inputs(get_preset(args.model), "float32", 0)
     tokens = np.asarray(tokens)[: args.batch]

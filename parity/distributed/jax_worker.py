@@ -21,6 +21,10 @@ import os
 import sys
 from pathlib import Path
 
+from parity.inputs.pretrained import preset_inputs
+from jaxremat.spec.grammar import split_top
+from parity.inputs.presets import get_preset
+from parity.inputs.train import AdamWConfig
 ROWS_FILE = "jax_rows.json"
 
 DEFAULT_MESHES = ("data=2", "fsdp=4", "data=2,model=2")
@@ -45,7 +49,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _split_plans(text: str) -> tuple[str, ...]:
-    from jaxremat.spec.grammar import split_top
 
     return tuple(s.strip() for s in split_top(text, ",") if s.strip())
 
@@ -58,9 +61,6 @@ def main(argv=None) -> int:
     flag = f"--xla_force_host_platform_device_count={args.devices}"
     os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), flag) if f)
     from parity.distributed.jax_checks import check_mesh
-    from parity.inputs.presets import get_preset
-    from parity.inputs.pretrained import preset_inputs
-    from parity.inputs.train import AdamWConfig
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,8 @@ when the report has a ``distributed`` key (docs/report-schema.md).
 
 from __future__ import annotations
 
+from rich.table import Table
+from rich.text import Text
 MESH_COLUMNS = ("plan", "status", "grads bitwise", "weights bitwise", "max ULP", "exception", "ref ok", "ref err",
                 "params/dev", "pred", "grads/dev", "opt/dev", "act/dev", "act pred", "act/none", "peak/dev")
 
@@ -78,8 +80,6 @@ def markdown_sections(report: dict) -> list[str]:
 
 def print_mesh_tables(report: dict, console) -> None:
     """Print one rich table per mesh."""
-    from rich.table import Table
-    from rich.text import Text
 
     for m in report["distributed"]["meshes"]:
         t = Table(title=Text(f"{m['framework']} {m['mesh']} ({m['layout']})"))
