@@ -41,6 +41,8 @@ _NAMES = {
     "BlockContractError": ".flax_checks",
     "to_jax_policy": ".policies",
     "check_plan": ".lint",
+    # sharding (meshes and parameter/batch shardings of the stacked GPT)
+    **dict.fromkeys(("make_mesh", "parse_mesh", "param_shardings", "batch_sharding", "check_divides"), ".sharding"),
     # measurements
     **dict.fromkeys(("survival_check", "Survival"), ".survival"),
     **dict.fromkeys(("ResidualRecord", "saved_residuals", "saved_activation_bytes", "compiled_memory",

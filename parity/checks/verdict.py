@@ -11,4 +11,5 @@ def report_passed(report: dict) -> bool:
             :func:`parity.cases.suite.run_suite` returns it.
     """
     return (all(c["status"] == "pass" for c in report["cases"]) and all(x["ok"] for x in report["cross_framework"])
-            and all(x["ok"] is not False for x in report.get("peer", [])))
+            and all(x["ok"] is not False for x in report.get("peer", []))
+            and all(r["status"] == "pass" for m in (report.get("distributed") or {}).get("meshes", []) for r in m["rows"]))

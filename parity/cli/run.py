@@ -43,7 +43,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 DEFAULT_MODEL = "gpt-small"
 
-SUITES = ("quick", "full", "stress")
+SUITES = ("quick", "full", "stress", "distributed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="which plans to run when --schedules is not given: 'quick' = the segment schedules; "
                      "'full' = every schedule, every named policy and nested schedule, and combinations; 'stress' = bf16 mixed "
                      "precision, frozen parameters, running statistics and dropout with a second random op, under "
-                     "every schedule kind (float32 only) (default: quick)")
+                     "every schedule kind (float32 only); 'distributed' = the plans on JAX meshes (data parallel, fully sharded, "
+                     "data x model) and PyTorch ranks, per-device memory (docs/sharding.md) (default: quick)")
+    run.add_argument("--devices", type=ascii_int, default=None,
+                     help="distributed suite: JAX devices (CPU: simulated host devices; default 4)")
+    run.add_argument("--mesh", default=None,
+                     help="distributed suite: ';'-separated JAX meshes, e.g. 'data=2,model=2' (default: "
+                     "data=2;fsdp=4;data=2,model=2)")
     run.add_argument("--model", default=None,
                      help=f"model preset (default: {DEFAULT_MODEL}): "
                      + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
@@ -170,6 +176,13 @@ def cmd_run(args) -> int:
     """``python -m parity run``: check everything, lock --out, run the suite, write the report."""
 
     console = Console(stderr=True, soft_wrap=True, highlight=False)
+    if args.suite == "distributed":
+        from parity.cli.distributed import cmd_distributed
+
+        return cmd_distributed(args, console)
+    if args.devices is not None or args.mesh is not None:
+        cc.error(console, "--devices and --mesh belong to --suite distributed; add --suite distributed or drop them")
+        return 2
     try:
         suite = _suite_from_args(args)
         lock, kept = cc.claim_out_dir(args.out, args.overwrite, REPORT_FILES)

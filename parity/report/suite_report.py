@@ -25,6 +25,7 @@ from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
 from parity.report.html import HTML_NAME, write_html
 
 from parity.checks.verdict import report_passed
+from parity.report import distributed_report
 
 REPORT_FILES = ("report.json", "report.md", HTML_NAME)
 
@@ -155,6 +156,9 @@ def verdict(report: dict) -> str:
             "PASS" if report_passed(report) else "FAIL")
     parts = [f"{counts['pass']} of {len(cases)} cases passed"
              + "".join(f", {counts[k]} {_VERDICT_WORDS[k]}" for k in ("fail", "no_saving", "over_budget", "error") if counts[k])]
+    if report.get("distributed"):
+        ok, total = distributed_report.counts(report)
+        parts.append(f"{ok} of {total} distributed rows passed")
     if cross:
         parts.append(f"JAX vs PyTorch within tolerance in {sum(bool(x['ok']) for x in cross)} of {len(cross)}")
     timed = [c for c in cases if c.get("time_overhead_range") and c["schedule"] != "none"]
@@ -212,6 +216,9 @@ def print_tables(report: dict, console: Console | None = None) -> None:
         console = Console()
         if not console.is_terminal:  # pipes and CI logs: do not squeeze the table into 80 columns
             console = Console(width=240)
+    if report.get("distributed") and not report["cases"]:
+        distributed_report.print_mesh_tables(report, console)
+        return
     t = Table(title=Text(f"parity: {report['model']} ({report['suite']} suite)"), show_lines=False)
     columns, rows = case_table(report)
     for col in columns:
@@ -220,6 +227,8 @@ def print_tables(report: dict, console: Console | None = None) -> None:
         style = {"pass": None, "fail": "red", "no_saving": "red", "over_budget": "red", "error": "bold red"}.get(c["status"])
         t.add_row(*map(Text, row), style=style)
     console.print(t)
+    if report.get("distributed"):
+        distributed_report.print_mesh_tables(report, console)
     if report.get("peer"):
         p = Table(title="Hidden states against a peer (same weights and tokens, dropout off)")
         for col in PEER_COLUMNS:
@@ -286,9 +295,11 @@ def markdown(report: dict) -> str:
         "ratio any pair of timed steps gives (min over `none`'s max to max over `none`'s min): a range that "
         "holds 1.00 is noise at these repeats. Machine and library versions: `environment` in report.json.",
         "",
-        _md_table(*case_table(report)),
-        "",
     ]
+    if report["cases"] or not report.get("distributed"):
+        parts += [_md_table(*case_table(report)), ""]
+    if report.get("distributed"):
+        parts += distributed_report.markdown_sections(report)
     if report.get("peer"):
         parts += ["## Hidden states against a peer", "", _md_table(PEER_COLUMNS, [peer_row(x) for x in report["peer"]]), ""]
     if report["cross_framework"]:

@@ -1,0 +1,96 @@
+"""``python -m parity run --suite distributed``: the options, the out directory, the run, the report.
+
+Exit codes as for the other suites: 0 every check passed, 1 a check failed or a case errored, 2 bad
+input (a mesh that does not divide the devices or the model, an option another suite owns).
+"""
+
+from __future__ import annotations
+
+# Deferred imports: jaxremat.sharding loads JAX; it is imported when the meshes are checked, so --help and
+# option errors stay fast (the workers run in their own processes).
+
+import time
+
+from parity.checks.verdict import report_passed
+from parity.cli import checks as cc
+from parity.distributed.jax_worker import DEFAULT_MESHES, DEFAULT_PLANS
+from parity.distributed.suite import WorkerError, run_distributed
+from parity.inputs.presets import get_preset
+from parity.report.environment import environment_info
+from parity.report.files import WriteError
+from parity.report.suite_report import REPORT_FILES, OutputDirError, print_tables, write_report
+
+DEFAULT_DEVICES = 4
+
+
+def _options(args):
+    """``(preset, devices, meshes, plans, frameworks)`` of the options; raises ValueError (one line)."""
+    if args.checkpoint is not None:
+        raise ValueError("--suite distributed runs a --model preset; drop --checkpoint")
+    if args.dtype != "float32":
+        raise ValueError("--suite distributed runs float32; drop --dtype")
+    args.out = cc.out_path("--out", args.out)
+    preset = get_preset(args.model or "gpt-small")
+    if preset.checkpoint is not None:
+        raise ValueError(f"--suite distributed runs the built-in GPT presets; --model {preset.name} needs a checkpoint")
+    devices = DEFAULT_DEVICES if args.devices is None else args.devices
+    if devices < 1:
+        raise ValueError(f"--devices must be >= 1, got {devices}")
+    meshes = DEFAULT_MESHES if args.mesh is None else tuple(m.strip() for m in args.mesh.split(";") if m.strip())
+    if not meshes:
+        raise ValueError("--mesh is empty; give meshes such as 'data=2' or 'data=2;data=2,model=2'")
+    from jaxremat.sharding import check_divides, parse_mesh  # imports JAX: only once --suite distributed is chosen
+
+    cfg = preset.config
+    for m in meshes:  # one line for a mesh that does not divide the model or the devices, before any work
+        ms = parse_mesh(m)
+        if ms.size > devices or devices % ms.size:
+            raise ValueError(f"mesh {ms.text} needs {ms.size} devices, which does not divide --devices {devices}; "
+                             f"pass --devices {ms.size} or a mesh whose size divides {devices}")
+        check_divides(ms, cfg, preset.batch_size)
+    plans = DEFAULT_PLANS if args.schedules is None else tuple(cc.unique_items("--schedules", args.schedules))
+    frameworks = tuple(cc.unique_items("--frameworks", args.frameworks))
+    bad = [f for f in frameworks if f not in ("jax", "torch")]
+    if bad:
+        raise ValueError(f"--frameworks: unknown framework {bad[0]!r}; valid: jax, torch")
+    return preset, devices, meshes, plans, frameworks
+
+
+def cmd_distributed(args, console) -> int:
+    """Run the distributed suite and write report.json / report.md into ``--out``."""
+    try:
+        preset, devices, meshes, plans, frameworks = _options(args)
+        lock, kept = cc.claim_out_dir(args.out, args.overwrite, REPORT_FILES)
+    except (ValueError, OutputDirError) as exc:
+        cc.error(console, exc)
+        return 2
+    try:
+        if kept:
+            cc.note(console, kept)
+        t0 = time.perf_counter()
+        try:
+            report = run_distributed(preset, args.out, devices=devices, meshes=meshes, plans=plans,
+                                     frameworks=frameworks, seed=args.seed,
+                                     hparams=preset.hparams, note=lambda m: cc.note(console, m))
+        except ValueError as exc:
+            cc.error(console, exc)
+            return 2
+        except WorkerError as exc:
+            cc.error(console, exc)
+            return 1
+        report["wall_time_s"] = time.perf_counter() - t0
+        report["complete"] = True
+        report["environment"] = environment_info(frameworks)
+        paths = write_report(report, args.out)
+        print_tables(report)
+        cc.note(console, "wrote " + ", ".join(str(p) for p in paths))
+        if report_passed(report):
+            cc.note(console, "all parity checks passed", "green")
+            return 0
+        cc.note(console, "parity checks failed (see the report's mesh tables)", "bold red")
+        return 1
+    except WriteError as exc:
+        cc.error(console, f"{exc}; make room and run again")
+        return 2
+    finally:
+        lock.release()

@@ -1,0 +1,93 @@
+"""The distributed suite's report sections: one table per mesh, per-device memory beside its prediction.
+
+Called by :func:`parity.report.suite_report.markdown` and :func:`parity.report.suite_report.print_tables`
+when the report has a ``distributed`` key (docs/report-schema.md).
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+MESH_COLUMNS = ("plan", "status", "grads bitwise", "weights bitwise", "max ULP", "exception", "ref ok", "ref err",
+                "params/dev", "pred", "grads/dev", "opt/dev", "act/dev", "act pred", "act/none", "peak/dev")
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f} MiB"
+
+
+def _bit(x) -> str:
+    return "-" if x is None else ("yes" if x else "NO")
+
+
+def mesh_rows(section: dict) -> list[list[str]]:
+    """One mesh section's rows as display strings, in :data:`MESH_COLUMNS` order."""
+    rows = section["rows"]
+    none_act = next((r["memory"]["activation_bytes"] for r in rows if r["schedule"] == "none" and r.get("memory")), None)
+    out = []
+    for r in rows:
+        m = r.get("memory") or {}
+        pred = m.get("predicted") or {}
+        act = m.get("activation_bytes")
+        ratio = "-" if not act or not none_act else f"{act / none_act:.2f}"
+        err = r.get("reference_err")
+        out.append([r["schedule"], r["status"], _bit(r.get("grads_bitwise")), _bit(r.get("weights_bitwise")),
+                    str(r.get("max_ulp", 0)), r.get("exception") or "-", _bit(r.get("reference_ok")),
+                    "-" if err is None else f"{err:.1e}", _mib(m.get("params_bytes")), _mib(pred.get("params_bytes")),
+                    _mib(m.get("grads_bytes")), _mib(m.get("opt_state_bytes")), _mib(act),
+                    _mib(pred.get("activation_bytes")), ratio, _mib(m.get("peak_bytes"))])
+    return out
+
+
+def _md_table(columns, rows) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def counts(report: dict) -> tuple[int, int]:
+    """``(passed, total)`` distributed rows."""
+    rows = [r for m in report["distributed"]["meshes"] for r in m["rows"]]
+    return sum(r["status"] == "pass" for r in rows), len(rows)
+
+
+def markdown_sections(report: dict) -> list[str]:
+    """Markdown lines: a section per mesh, the exceptions and errors."""
+    d = report["distributed"]
+    parts = ["## Past one device (distributed suite)", "",
+             f"JAX: {d['devices']} devices (CPU: forced host devices). Each plan is compared with `none` on the same "
+             "mesh byte for byte (loss, gradients, weights after the AdamW steps); `ref` = `none`'s gradients against "
+             "the single-device reference named in report.json (`reference`). Memory is per device (JAX: compiled "
+             "memory_analysis of the SPMD program, parameter/gradient/optimizer shards on device 0); `pred` = "
+             "parameters over the axis that splits them, `act pred` = single-device activations over the batch "
+             "shards (tensor parallel: times Korthikanti et al.'s ratio). docs/sharding.md explains each column.", ""]
+    if d.get("torch_status") and d["torch_status"] != "ran":
+        parts += [f"PyTorch: {d['torch_status']}", ""]
+    for m in d["meshes"]:
+        parts += [f"### {m['framework']} {m['mesh']} ({m['layout']})", "", _md_table(MESH_COLUMNS, mesh_rows(m)), ""]
+        if m.get("full_batch_err") is not None:
+            parts += [f"Full-batch single-device gradient vs this mesh's `none`: max rel err {m['full_batch_err']:.2e} "
+                      f"(summation order; not the reference). Mean-of-shards reference bitwise: "
+                      f"{_bit(m.get('reference_bitwise'))}.", ""]
+    exc = sorted({(r["framework"], r["mesh"], r["schedule"], r["exception"]) for m in d["meshes"] for r in m["rows"]
+                  if r.get("exception")})
+    if exc:
+        parts += ["Exceptions (not bitwise, measured and explained in docs/sharding.md):", ""]
+        parts += [f"- {f} {mesh} {s}: `{e}`" for f, mesh, s, e in exc] + [""]
+    errors = [r for m in d["meshes"] for r in m["rows"] if r["status"] == "error"]
+    parts += [f"- error {r['framework']} {r['mesh']} {r['schedule']}: `{r['error']}`" for r in errors]
+    return parts
+
+
+def print_mesh_tables(report: dict, console) -> None:
+    """Print one rich table per mesh."""
+
+    for m in report["distributed"]["meshes"]:
+        t = Table(title=Text(f"{m['framework']} {m['mesh']} ({m['layout']})"))
+        for col in MESH_COLUMNS:
+            t.add_column(col)
+        for r, row in zip(m["rows"], mesh_rows(m)):
+            t.add_row(*map(Text, row), style=None if r["status"] == "pass" else "red")
+        console.print(t)
+    status = report["distributed"].get("torch_status")
+    if status and status != "ran":
+        console.print(Text(status))

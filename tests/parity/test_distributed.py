@@ -1,0 +1,89 @@
+"""The distributed suite's JAX half: a 2-device mesh in a worker process, and the one-line mesh errors.
+
+The worker runs gpt-tiny on ``data=2`` (two forced CPU host devices) with ``none`` and ``every_k(2)``:
+the plan is bitwise against ``none`` on the mesh, and ``none`` holds the single-device reference
+(the mean of the per-shard gradients) within its stated bound. One worker process serves every test
+(module-scope fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxremat import sharding as shd
+from jaxremat.models import TransformerConfig
+from parity.checks.compare import EPS
+from parity.cli.run import main
+from parity.distributed.jax_checks import REFERENCE_EPS
+from parity.distributed.jax_worker import ROWS_FILE, grads_file_name
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = TransformerConfig(vocab_size=256, n_layer=4, d_model=32, n_head=2, d_ff=64, max_seq_len=16)
+
+
+@pytest.fixture(scope="module")
+def worker_rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("jax-worker")
+    cmd = [sys.executable, "-m", "parity.distributed.jax_worker", "--devices", "2", "--model", "gpt-tiny",
+           "--meshes", "data=2", "--schedules", "none,every_k(2)", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((out / ROWS_FILE).read_text())
+    return out, data["meshes"][0]
+
+
+def test_worker_plan_bitwise_against_none_on_mesh(worker_rows):
+    _, mesh = worker_rows
+    rows = {r["schedule"]: r for r in mesh["rows"]}
+    assert mesh["mesh"] == "data=2" and mesh["layout"] == "data_parallel"
+    assert list(rows) == ["none", "every_k(2)"]
+    for r in rows.values():
+        assert r["status"] == "pass", r
+        assert r["grads_bitwise"] is True and r["weights_bitwise"] is True and r["max_ulp"] == 0
+        assert r["exception"] is None and r["devices"] == 2
+    # remat saves per-device activation memory on the mesh; parameters are replicated (data parallel)
+    none_mem, plan_mem = rows["none"]["memory"], rows["every_k(2)"]["memory"]
+    assert plan_mem["activation_bytes"] < none_mem["activation_bytes"]
+    assert none_mem["params_bytes"] == none_mem["predicted"]["params_bytes"]
+    assert none_mem["opt_state_bytes"] >= 2 * none_mem["params_bytes"]
+
+
+def test_worker_single_vs_multi_reference(worker_rows):
+    out, mesh = worker_rows
+    none = mesh["rows"][0]
+    assert none["reference_ok"] is True
+    assert none["reference_err"] <= REFERENCE_EPS * EPS["float32"]
+    # the full-batch single-device gradient is the wrong reference: it is measured, and further off
+    assert mesh["full_batch_err"] > 0
+    assert (out / grads_file_name("data=2")).is_file() and none["grads_file"]
+
+
+def test_mesh_does_not_divide_devices():
+    with pytest.raises(ValueError, match=r"mesh data=2,model=2 needs 4 devices, which does not divide the 3"):
+        shd.make_mesh("data=2,model=2", devices=[object()] * 3)
+
+
+@pytest.mark.parametrize("spec, what", [("data=1,model=4", "n_head 2"), ("data=4", "batch size 2"),
+                                        ("fsdp=3", "batch size 2")])
+def test_mesh_does_not_divide_model(spec, what):
+    with pytest.raises(ValueError, match=what):
+        shd.check_divides(spec, TINY, batch_size=2)
+
+
+def test_cli_mesh_does_not_divide_exits_2(tmp_path, capsys):
+    rc = main(["run", "--suite", "distributed", "--model", "gpt-tiny", "--devices", "4", "--mesh", "data=1,model=4",
+               "--out", str(tmp_path / "r"), "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "n_head 2 is not divisible by 4" in err[0]
+
+
+def test_bad_mesh_spec():
+    with pytest.raises(ValueError, match="unknown axis 'pipe'"):
+        shd.parse_mesh("pipe=2")
+    assert shd.layout_of("data=2,model=2") == "tensor_parallel" and shd.layout_of("fsdp=4") == "fully_sharded"
