@@ -572,7 +572,7 @@ def parse_budget(text: str) -> Budget:
     m = _BUDGET.match(text) if isinstance(text, str) else None
     if m is None or m.group(2).upper() not in {*_UNITS, "%"}:
         raise ValueError(f"budget {text!r}: write a percentage of none's peak activation bytes (50%) or bytes "
-                         f"with a unit (12MiB, 800KB, 4096); units: B, KB, MB, GB, KiB, MiB, GiB")
+                         f"with a unit (12MiB, 800KB, 4096B); units: B, KB, MB, GB, KiB, MiB, GiB")
     value, unit = float(m.group(1)), m.group(2)
     if unit == "%":
         if not 0 < value <= 100:

@@ -17,10 +17,14 @@ from parity.distributed.jax_worker import DEFAULT_MESHES, DEFAULT_PLANS
 from parity.distributed.suite import WorkerError, run_distributed
 from parity.inputs.presets import get_preset
 from parity.report.environment import environment_info
+from jaxremat.spec.plan import parse_plan
 from parity.report.files import WriteError
 from parity.report.suite_report import REPORT_FILES, OutputDirError, print_tables, write_report
 
 DEFAULT_DEVICES = 4
+
+MAX_DEVICES = 256
+"""The most devices ``--devices`` takes."""
 
 
 def _options(args):
@@ -36,24 +40,34 @@ def _options(args):
     devices = DEFAULT_DEVICES if args.devices is None else args.devices
     if devices < 1:
         raise ValueError(f"--devices must be >= 1, got {devices}")
-    meshes = DEFAULT_MESHES if args.mesh is None else tuple(m.strip() for m in args.mesh.split(";") if m.strip())
-    if not meshes:
-        raise ValueError("--mesh is empty; give meshes such as 'data=2' or 'data=2;data=2,model=2'")
+    if devices > MAX_DEVICES:
+        raise ValueError(f"--devices {devices}: at most {MAX_DEVICES} (each simulated CPU device is a thread pool of "
+                         "its own); pass a smaller count")
+    meshes = DEFAULT_MESHES if args.mesh is None else tuple(m.strip() for m in args.mesh.split(";"))
+    if not meshes or any(not m for m in meshes):
+        raise ValueError(f"--mesh {args.mesh!r} is empty or has an empty entry; give meshes such as 'data=2' or "
+                         "'data=2;data=2,model=2'")
     from jaxremat.sharding import check_divides, parse_mesh  # imports JAX: only once --suite distributed is chosen
 
     cfg = preset.config
+    canonical = []
     for m in meshes:  # one line for a mesh that does not divide the model or the devices, before any work
         ms = parse_mesh(m)
+        if ms.text in canonical:
+            raise ValueError(f"--mesh: mesh {ms.text} is given twice; give each mesh once")
+        canonical.append(ms.text)
         if ms.size > devices or devices % ms.size:
             raise ValueError(f"mesh {ms.text} needs {ms.size} devices, which does not divide --devices {devices}; "
                              f"pass --devices {ms.size} or a mesh whose size divides {devices}")
         check_divides(ms, cfg, preset.batch_size)
     plans = DEFAULT_PLANS if args.schedules is None else tuple(cc.unique_items("--schedules", args.schedules))
+    for name in plans:  # a bad plan is bad input (exit 2), found before any worker starts
+        parse_plan(name).segments_for(cfg.n_layer)
     frameworks = tuple(cc.unique_items("--frameworks", args.frameworks))
     bad = [f for f in frameworks if f not in ("jax", "torch")]
     if bad:
         raise ValueError(f"--frameworks: unknown framework {bad[0]!r}; valid: jax, torch")
-    return preset, devices, meshes, plans, frameworks
+    return preset, devices, tuple(canonical), plans, frameworks
 
 
 def cmd_distributed(args, console) -> int:

@@ -79,6 +79,9 @@ def plan_suite_from_args(args):
 
     args.out = out_path("--out", args.out)
     budgets = unique_items("--budget", args.budget, canonical=lambda s: parse_budget(s).text)
+    bare = [b for b in budgets if re.fullmatch(r"\s*[0-9]+(\.[0-9]+)?\s*", b)]
+    if bare:  # plan(4096) is the segment plan of one 4096-block segment: a byte budget needs its unit
+        raise ValueError(f"--budget {bare[0]}: give a unit ({bare[0].strip()}B, 12MiB) or a percentage (50%)")
     if args.frontier and args.budget == "50%":
         budgets = DEFAULT_FRONTIER
     frameworks = unique_items("--frameworks", args.frameworks)

@@ -228,9 +228,20 @@ def main(argv=None) -> int:
     ap.add_argument("directory", type=Path)
     ap.add_argument("--screenshot", type=Path, default=None, metavar="PNG")
     args = ap.parse_args(argv)
+    if args.screenshot is not None and (args.screenshot.suffix.lower() != ".png" or args.screenshot.is_dir()):
+        print(f"error: --screenshot {args.screenshot}: give a .png file path", file=sys.stderr)
+        return 2
+    if not args.directory.is_dir():
+        print(f"error: {args.directory} is not a folder; give the folder holding report.json, sweep.json or "
+              "plan.json", file=sys.stderr)
+        return 2
     try:
         path = write_html(load_report(args.directory), args.directory)
-    except (FileNotFoundError, json.JSONDecodeError) as exc:
+    except json.JSONDecodeError as exc:
+        print(f"error: a report in {args.directory} is not valid JSON ({exc}); rerun the command that wrote it",
+              file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {path}")

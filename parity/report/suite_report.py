@@ -205,8 +205,8 @@ def cross_row(x: dict) -> list[str]:
     if "loss_err" in x:
         loss, loss_tol = f(x["loss_err"]), f(x["tolerance_loss"])
     else:
-        loss, loss_tol = f"{f(x['max_rel_err_loss'])} (rel)", f(x["tolerance"])
-    return [x["dtype"], schedule, loss, loss_tol, f(x["max_rel_err_grads"]), f(x["tolerance"]),
+        loss, loss_tol = f"{f(x.get('max_rel_err_loss'))} (rel)", f(x.get("tolerance"))
+    return [x["dtype"], schedule, loss, loss_tol, f(x.get("max_rel_err_grads")), f(x.get("tolerance")),
             "yes" if x["ok"] else "NO"]
 
 

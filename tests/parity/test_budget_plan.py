@@ -149,7 +149,7 @@ def test_run_takes_a_budget_plan_like_any_schedule(tmp_path):
 
 @pytest.mark.parametrize("argv, match", [
     (["plan", "--budget", "0%"], "(0%, 100%]"), (["plan", "--model", "minilm-l6", "--frontier"], "measured on the GPT"),
-    (["plan", "--inductor"], "add --frontier"), (["plan", "--frontier", "--budget", "12MiB"], "percentages"),
+    (["plan", "--inductor"], "add --frontier"), (["plan", "--budget", "4096"], "give a unit (4096B"), (["plan", "--frontier", "--budget", "12MiB"], "percentages"),
     (["run", "--model", "minilm-l6", "--schedules", "plan(50%)"], "which runs dropout 0"),
 ])
 def test_plan_bad_input_is_one_line_and_exit_2(argv, match, capsys, tmp_path):

@@ -87,3 +87,21 @@ def test_bad_mesh_spec():
     with pytest.raises(ValueError, match="unknown axis 'pipe'"):
         shd.parse_mesh("pipe=2")
     assert shd.layout_of("data=2,model=2") == "tensor_parallel" and shd.layout_of("fsdp=4") == "fully_sharded"
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--mesh", "data=2;data=02"], "given twice"), (["--mesh", "data=2;"], "empty entry"),
+    (["--devices", "100000"], "at most 256"), (["--schedules", "nope"], "unknown schedule 'nope'"),
+])
+def test_cli_bad_distributed_options_exit_2_before_any_work(extra, what, tmp_path, capsys):
+    rc = main(["run", "--suite", "distributed", *extra, "--out", str(tmp_path / "r"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and what in err[0] and not (tmp_path / "r").exists()
+
+
+def test_cross_row_without_a_jax_peer_renders():
+    from parity.report.suite_report import cross_row
+
+    row = cross_row({"schedule": "none", "dtype": "float32", "jax_mesh": None, "max_rel_err_grads": None,
+                     "ok": False, "error": "no JAX mesh ran none"})
+    assert row[-1] == "NO" and row[2] == "- (rel)"
