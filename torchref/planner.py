@@ -38,6 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from jaxremat.models.config import TransformerConfig
 from jaxremat.models.gpt import activation as account
+from jaxremat.models.bert.layout import encoder_chain_base
 from jaxremat.models.registry import get_model
 from jaxremat.spec.planner import BlockOption, PlannerResult, plan_chain
 from jaxremat.spec.policies import parse_policy
@@ -198,14 +199,9 @@ def encoder_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequen
     Raises:
         ValueError: a family other than BERT, bad sizes, or a bad menu.
     """
-    if getattr(cfg, "arch", None) != "bert":
-        raise ValueError(f"encoder_chain plans the BERT encoder block; cfg.arch is {cfg.arch!r}")
-    if batch < 1 or not 1 <= seq <= cfg.max_seq_len:
-        raise ValueError(f"need batch >= 1 and 1 <= seq <= {cfg.max_seq_len}, got batch={batch}, seq={seq}")
+    base = encoder_chain_base(cfg, batch, seq, torch_dtype(cfg).itemsize)
     menu = list(_cached_encoder_menu(cfg.replace(dropout=0.0), batch, seq, _check_menu(policies), 0))
-    return {"options_per_block": [menu] * cfg.n_layer,
-            "boundary_bytes": batch * seq * cfg.d_model * torch_dtype(cfg).itemsize,
-            "invariant_bytes": 0, "fixed_bytes": 0}
+    return {"options_per_block": [menu] * cfg.n_layer, **base}
 
 
 def model_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence = DEFAULT_MENU) -> dict:

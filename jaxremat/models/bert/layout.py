@@ -30,3 +30,27 @@ def encoder_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
         "ln_e.bias": (D,),
         **block_param_shapes(cfg),
     }
+
+
+def encoder_chain_base(cfg, batch: int, seq: int, itemsize: int) -> dict:
+    """The framework-neutral part of an encoder stack's planner chain (for
+    :func:`jaxremat.planner.encoder_chain` and :func:`torchref.planner.encoder_chain`).
+
+    Args:
+        cfg: a :class:`jaxremat.models.TransformerConfig` with ``arch="bert"``.
+        batch, seq: the batch's shape (B, T).
+        itemsize: bytes per element of ``cfg.dtype``.
+
+    Returns:
+        ``{"boundary_bytes": B*T*D*itemsize, "invariant_bytes": 0, "fixed_bytes": 0}``: the family
+        has no per-tensor account of what lies outside the stack; a caller calibrates it on
+        ``none``'s measured peak.
+
+    Raises:
+        ValueError: a family other than BERT, or bad sizes.
+    """
+    if getattr(cfg, "arch", None) != "bert":
+        raise ValueError(f"encoder_chain plans the BERT encoder block; cfg.arch is {cfg.arch!r}")
+    if batch < 1 or not 1 <= seq <= cfg.max_seq_len:
+        raise ValueError(f"need batch >= 1 and 1 <= seq <= {cfg.max_seq_len}, got batch={batch}, seq={seq}")
+    return {"boundary_bytes": batch * seq * cfg.d_model * itemsize, "invariant_bytes": 0, "fixed_bytes": 0}
