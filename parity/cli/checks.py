@@ -19,7 +19,8 @@ from rich.text import Text
 
 from parity.cli.util import split_list
 from parity.report.files import OutDirBusy, OutDirLock, WriteError
-from parity.report.suite_report import OutputDirError, prepare_out_dir
+from parity.checks.verdict import report_passed
+from parity.report.suite_report import OutputDirError, prepare_out_dir, print_tables, write_report
 
 EXIT_INTERRUPTED = 130
 
@@ -156,3 +157,22 @@ def exit_interrupted(lock: OutDirLock | None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_INTERRUPTED)
+
+
+def finish_report(console, report: dict, out: Path, where: str) -> int:
+    """Write a complete suite report into ``out``, print its tables and the verdict; return the exit code.
+
+    ``where`` names the part of the report a failure is explained in (e.g. "the report's failed checks
+    and errors"). Returns 0 when every check passed, else 1.
+
+    Raises:
+        parity.report.files.WriteError: a file could not be written.
+    """
+    paths = write_report(report, out)
+    print_tables(report)
+    note(console, "wrote " + ", ".join(str(p) for p in paths))
+    if report_passed(report):
+        note(console, "all parity checks passed", "green")
+        return 0
+    note(console, f"parity checks failed (see {where})", "bold red")
+    return 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 
-from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.distributed.jax_worker import DEFAULT_MESHES, DEFAULT_PLANS
 from parity.distributed.suite import WorkerError, run_distributed
@@ -19,7 +18,7 @@ from parity.inputs.presets import get_preset
 from parity.report.environment import environment_info
 from jaxremat.spec.plan import parse_plan
 from parity.report.files import WriteError
-from parity.report.suite_report import REPORT_FILES, OutputDirError, print_tables, write_report
+from parity.report.suite_report import REPORT_FILES, OutputDirError
 
 DEFAULT_DEVICES = 4
 
@@ -95,14 +94,7 @@ def cmd_distributed(args, console) -> int:
         report["wall_time_s"] = time.perf_counter() - t0
         report["complete"] = True
         report["environment"] = environment_info(frameworks)
-        paths = write_report(report, args.out)
-        print_tables(report)
-        cc.note(console, "wrote " + ", ".join(str(p) for p in paths))
-        if report_passed(report):
-            cc.note(console, "all parity checks passed", "green")
-            return 0
-        cc.note(console, "parity checks failed (see the report's mesh tables)", "bold red")
-        return 1
+        return cc.finish_report(console, report, args.out, "the report's mesh tables")
     except WriteError as exc:
         cc.error(console, f"{exc}; make room and run again")
         return 2

@@ -23,7 +23,6 @@ from parity.cli.util import OneLineParser, ascii_int, split_list
 from parity.inputs.presets import PRESETS, get_preset
 from parity.cases.budget_plan import parse_case_plan
 from parity.cases.loop import FRAMEWORK_MODES
-from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.cli.budget import check_device_fits, check_fits, run_estimate
 from parity.cli.checks import check_jax_platform
@@ -37,7 +36,7 @@ from parity.inputs.pretrained import checkpoint_preset
 from parity.report.environment import environment_info
 from parity.report.files import WriteError
 from parity.report.suite_report import REPORT_FILES, OutputDirError
-from parity.report.suite_report import print_tables, write_report
+from parity.report.suite_report import write_report
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -230,14 +229,7 @@ def _run_locked(args, suite, console, kept, lock, env) -> int:
             cc.exit_interrupted(lock)
     report["complete"] = True
     report["environment"] = env
-    paths = write_report(report, args.out)
-    print_tables(report)
-    cc.note(console, "wrote " + ", ".join(str(p) for p in paths))
-    if report_passed(report):
-        cc.note(console, "all parity checks passed", "green")
-        return 0
-    cc.note(console, "parity checks failed (see the report's failed checks and errors)", "bold red")
-    return 1
+    return cc.finish_report(console, report, args.out, "the report's failed checks and errors")
 
 
 def main(argv=None) -> int:
