@@ -204,7 +204,7 @@ def check_loss_tokens(tokens, cfg: TransformerConfig) -> None:
 
 
 def forward(params: dict, idx: jax.Array, cfg: TransformerConfig, schedule: Schedule = none,
-            *, dropout_key=None, policy=None) -> jax.Array:
+            *, dropout_key=None, policy=None, carry_sharding=None) -> jax.Array:
     """Logits of the whole model, the block stack run by :func:`jaxremat.render.remat_scan`.
 
     Args:
@@ -214,6 +214,8 @@ def forward(params: dict, idx: jax.Array, cfg: TransformerConfig, schedule: Sche
         schedule: remat schedule for the block stack (default ``none``).
         dropout_key: optional PRNG key for dropout.
         policy: optional ``jax.checkpoint`` policy for the checkpointed segments.
+        carry_sharding: optional sharding of the (B, T, D) residual stream at every block boundary
+            under a device mesh (see :func:`jaxremat.render.remat_scan`).
 
     Returns:
         logits: (B, T, V).
@@ -224,12 +226,13 @@ def forward(params: dict, idx: jax.Array, cfg: TransformerConfig, schedule: Sche
     def block_fn(layer_params, carry, layer_key):
         return block_forward(layer_params, carry, cfg, dropout_key=layer_key)
 
-    x = remat_scan(block_fn, block_params_of(params), x, schedule, xs=layer_keys, policy=policy)
+    x = remat_scan(block_fn, block_params_of(params), x, schedule, xs=layer_keys, policy=policy,
+                   carry_sharding=carry_sharding)
     return head(params, x, cfg)
 
 
 def loss_fn(params: dict, tokens: jax.Array, cfg: TransformerConfig, schedule: Schedule = none,
-            dropout_key=None, *, policy=None) -> jax.Array:
+            dropout_key=None, *, policy=None, carry_sharding=None) -> jax.Array:
     """Next-token cross-entropy: inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
 
     Args:
@@ -238,6 +241,9 @@ def loss_fn(params: dict, tokens: jax.Array, cfg: TransformerConfig, schedule: S
         cfg: model configuration.
         schedule: remat schedule for the block stack.
         dropout_key: optional PRNG key for dropout.
+        policy: optional ``jax.checkpoint`` policy for the checkpointed segments.
+        carry_sharding: optional sharding of the residual stream at every block boundary
+            (:func:`jaxremat.sharding.activation_sharding`; see :func:`jaxremat.render.remat_scan`).
 
     Returns:
         0-d mean loss in ``cfg.dtype``.
@@ -247,7 +253,8 @@ def loss_fn(params: dict, tokens: jax.Array, cfg: TransformerConfig, schedule: S
             (the last check only when ``tokens`` is concrete).
     """
     _check_tokens(tokens, cfg, extra=1)
-    logits = forward(params, tokens[:, :-1], cfg, schedule, dropout_key=dropout_key, policy=policy)
+    logits = forward(params, tokens[:, :-1], cfg, schedule, dropout_key=dropout_key, policy=policy,
+                     carry_sharding=carry_sharding)
     return cross_entropy(logits, tokens[:, 1:])
 
 

@@ -141,6 +141,7 @@ def remat_scan(
     with_outputs: bool = False,
     method: str = "reverse_loop",
     custom_vjp_residuals: str = "recompute",
+    carry_sharding: Any = None,
 ) -> Any:
     """Run ``carry = block_fn(params[i], carry, xs[i])`` for i = 0..N-1 under a remat schedule.
 
@@ -176,6 +177,15 @@ def remat_scan(
             residuals and its result) are kept from the forward pass, so ``fwd`` runs once per layer
             and never in the backward pass; costs their bytes per checkpointed layer. Counts and bytes
             measured per schedule: :mod:`jaxremat.custom_vjp`.
+        carry_sharding: under a device mesh, the sharding of the carry at every block boundary
+            (a ``jax.sharding.Sharding`` for every leaf, or a pytree of them matching ``carry``),
+            applied with ``jax.lax.with_sharding_constraint`` to each block's input and output,
+            in the forward pass and in every recompute alike (e.g. the batch-sharded residual
+            stream, :func:`jaxremat.sharding.activation_sharding`). Without it XLA's SPMD
+            partitioner propagates shardings into each block on its own, and may split a
+            recomputed block's matmuls differently from the forward pass's (another summation
+            order: gradients a few ULP off ``none``; measured in docs/sharding.md). None (default):
+            no constraint.
 
     Returns:
         The carry after the N layers; ``(carry, ys)`` with ``with_outputs=True``.
@@ -205,11 +215,25 @@ def remat_scan(
     if save:
         block_fn, jax_policy = save_custom_vjp_residuals(block_fn), custom_vjp_policy(jax_policy)
     policy_of = _segment_policies(jax_policy, save)
+    if carry_sharding is not None:
+        block_fn = _constrain_carry(block_fn, carry_sharding, with_outputs)
     if method == "reverse_loop":
         per_segment = (tuple(policy_of(s.policy) for s in segments) if any(s.policy is not None for s in segments)
                        else jax_policy)
         return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs)
     return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of)
+
+
+def _constrain_carry(block_fn: Callable, sharding: Any, with_outputs: bool) -> Callable:
+    """``block_fn`` with its carry pinned to ``sharding`` on the way in and on the way out."""
+    def pin(carry):  # one Sharding is a pytree prefix of any carry: it applies to every leaf
+        return lax.with_sharding_constraint(carry, sharding)
+
+    def constrained(layer_params, carry, layer_xs):
+        out = block_fn(layer_params, pin(carry), layer_xs)
+        return (pin(out[0]), out[1]) if with_outputs else pin(out)
+
+    return constrained
 
 
 def _segment_policies(default: Callable | None, save_custom_vjp: bool) -> Callable[[Any], Callable | None]:

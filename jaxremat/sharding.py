@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 __all__ = [
-    "AXES", "LAYOUTS", "MeshSpec", "batch_sharding", "check_divides", "layout_of", "make_mesh",
+    "AXES", "LAYOUTS", "MeshSpec", "activation_sharding", "batch_sharding", "check_divides", "layout_of", "make_mesh",
     "opt_state_shardings", "param_partition_specs", "param_shardings", "parse_mesh", "replicated",
     "shard_bytes",
 ]
@@ -225,6 +225,17 @@ def batch_sharding(mesh: Mesh, spec: str | MeshSpec, ndim: int = 2) -> NamedShar
     axes = parse_mesh(spec).batch_axes
     first = None if not axes else axes[0] if len(axes) == 1 else axes
     return NamedSharding(mesh, PartitionSpec(first, *([None] * (ndim - 1))))
+
+
+def activation_sharding(mesh: Mesh, spec: str | MeshSpec) -> NamedSharding:
+    """Sharding of the ``(B, T, D)`` residual stream between blocks: batch over the batch axes, T and D whole.
+
+    Given to :func:`jaxremat.render.remat_scan` (``carry_sharding=``), it pins every block's input
+    and output, in the forward pass and in each recompute, so XLA's SPMD partitioner partitions a
+    recomputed block as it partitioned the forward one (see docs/sharding.md: without it ``full``
+    on ``fsdp=4`` recomputed its matmuls with another summation order).
+    """
+    return batch_sharding(mesh, spec, ndim=3)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -1,51 +1,100 @@
-"""Show the ``local-shape-one-layer-segments`` exception on ONE device, without any mesh.
+"""Show the mechanism behind a plan that is not bitwise against ``none``, on one device or on a mesh.
 
-``python -m parity.distributed.explain --model gpt-tiny --batch 1 --plan full`` runs ``none`` and the
-plan at a mesh's per-device batch (``data=2`` gives gpt-tiny's B=2 one sequence per device) on a
-single CPU device and prints whether the gradients are bitwise (max ULP) and the number of
-``while`` loops and ``conditional`` ops in each optimized HLO (the recomputed layer of a checkpointed
-segment runs as a conditional branch inside the backward loop; docs/framework-differences.md,
-section 2). ``--disable-pass NAME`` reruns with an XLA pass off
-(``XLA_FLAGS=--xla_disable_hlo_passes=NAME``, set before JAX starts).
+One device (default): ``python -m parity.distributed.explain --model gpt-tiny --batch 1 --plan full``
+runs ``none`` and the plan at a mesh's per-device batch (``data=2`` gives gpt-tiny's B=2 one
+sequence per device) on a single CPU device and prints whether the gradients are bitwise (max ULP)
+and the number of ``while`` loops and ``conditional`` ops in each optimized HLO (the recomputed
+layer of a checkpointed segment runs as a conditional branch inside the backward loop;
+docs/framework-differences.md, section 2; the ``local-shape-one-layer-segments`` exception).
+
+On a mesh: ``python -m parity.distributed.explain --mesh fsdp=4 --no-carry-sharding`` runs both
+on the mesh (simulated CPU devices) with the residual stream left to XLA's sharding propagation,
+and prints, beside the bitwise verdict, how many matmuls all-reduce a partial-sum activation
+(:func:`parity.distributed.jax_mesh.activation_all_reduces`) in the forward pass, in the recompute
+and in the gradient: a matmul that splits its contraction over devices in the forward pass but not
+when recomputed sums in another order (docs/sharding.md). Without ``--no-carry-sharding`` the
+harness's default, the stream pinned at every block boundary, is shown.
+
+``--disable-pass NAME`` reruns with an XLA pass off (``XLA_FLAGS=--xla_disable_hlo_passes=NAME``,
+set before JAX starts).
 """
 
 from __future__ import annotations
 
-# Deferred imports: XLA_FLAGS must be set from --disable-pass before JAX is imported, inside main().
+# Deferred imports: XLA_FLAGS must be set from --disable-pass and --mesh before JAX is imported, inside main().
 
 import argparse
 import os
 import sys
 
-from parity.inputs.pretrained import preset_inputs
 import numpy as np
+
 from jaxremat.spec.plan import parse_plan
 from parity.checks.compare import compare_bitwise
 from parity.inputs.presets import get_preset
+from parity.inputs.pretrained import preset_inputs
+from parity.inputs.train import AdamWConfig
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.distributed.explain", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt-small")
-    p.add_argument("--batch", type=int, default=1, help="sequences per device (default 1)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per device, one-device mode (default 1)")
     p.add_argument("--plan", default="full")
+    p.add_argument("--mesh", default=None, help="run on this mesh (e.g. fsdp=4) instead of one device")
+    p.add_argument("--no-carry-sharding", action="store_true",
+                   help="on a mesh: do not pin the residual stream at block boundaries")
     p.add_argument("--disable-pass", default=None, help="an XLA pass to disable, e.g. while-loop-simplifier")
     args = p.parse_args(argv)
+    from jaxremat import sharding as shd  # imports JAX; its backend starts later, after XLA_FLAGS is set
+
+    try:
+        plans = [parse_plan("none"), parse_plan(args.plan)]
+        ms = shd.parse_mesh(args.mesh) if args.mesh else None
+        preset = get_preset(args.model)
+    except (ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    flags = [os.environ.get("XLA_FLAGS", "")]
     if args.disable_pass:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_disable_hlo_passes={args.disable_pass}").strip()
+        flags.append(f"--xla_disable_hlo_passes={args.disable_pass}")
+    if ms is not None:
+        flags.append(f"--xla_force_host_platform_device_count={ms.size}")
+    os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f)
+    cfg, params, tokens = preset_inputs(preset, "float32", 0)
+    if ms is not None:
+        try:
+            shd.check_divides(ms, cfg, tokens.shape[0])
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
 
     from parity.distributed import jax_mesh as jm
 
-    cfg, params, tokens = preset_inputs(get_preset(args.model), "float32", 0)
-    tokens = np.asarray(tokens)[: args.batch]
-    plans = [parse_plan("none"), parse_plan(args.plan)]
-    grads = [jm.single_device_grads(cfg, params, tokens, q)[1] for q in plans]
-    hlos = [jm.single_compiled_hlo(cfg, q, tokens.shape) for q in plans]
+    if ms is None:
+        tokens = np.asarray(tokens)[: args.batch]
+        grads = [jm.single_device_grads(cfg, params, tokens, q)[1] for q in plans]
+        hlos = [jm.single_compiled_hlo(cfg, q, tokens.shape) for q in plans]
+        where = f"B={args.batch} one device"
+    else:
+        mesh = shd.make_mesh(ms)
+        runs = [jm.run_plan(cfg, params, tokens, q, ms.text, mesh, AdamWConfig(steps=1),
+                            carry_sharding=not args.no_carry_sharding) for q in plans]
+        grads, hlos = [r.grads for r in runs], [r.hlo for r in runs]
+        pinned = "left to sharding propagation" if args.no_carry_sharding else "pinned at block boundaries"
+        where = f"B={tokens.shape[0]} on mesh {ms.text}, residual stream {pinned}"
     b = compare_bitwise(grads[1], grads[0])
-    print(f"{args.model} B={args.batch} one device, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    print(f"{args.model} {where}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(f"{plans[1].name} vs none: bitwise {b.equal}, max ULP {b.max_ulp}, max abs diff {b.max_abs_diff:.3e}, "
           f"{len(b.mismatched)} tensors differ")
+    shape = (tokens.shape[0], tokens.shape[1] - 1, cfg.d_model)
     for q, h in zip(plans, hlos):
-        print(f"{q.name}: {h.count(' while(')} while loops, {h.count(' conditional(')} conditionals in the optimized HLO")
+        line = f"{q.name}: {h.count(' while(')} while loops, {h.count(' conditional(')} conditionals in the optimized HLO"
+        if ms is not None:
+            ar = jm.activation_all_reduces(h, shape)
+            line += (f"; matmuls all-reducing a {list(shape)} activation: forward {ar['forward']}, "
+                     f"recompute {ar['recompute']}, gradient {ar['gradient']}")
+        print(line)
     return 0
 
 

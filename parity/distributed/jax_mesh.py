@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,27 +58,33 @@ def _tx(hparams: AdamWConfig):
                        weight_decay=hparams.weight_decay)
 
 
-def _value_and_grad(cfg, plan: RematPlan):
+def _value_and_grad(cfg, plan: RematPlan, carry_sharding=None):
     loss = objective(cfg)
+    extra = {} if carry_sharding is None else {"carry_sharding": carry_sharding}
 
     def value_and_grad(params, tokens):
-        return jax.value_and_grad(loss)(params, tokens, cfg, plan.schedule, None, policy=plan.policy)
+        return jax.value_and_grad(loss)(params, tokens, cfg, plan.schedule, None, policy=plan.policy, **extra)
 
     return value_and_grad
 
 
 @functools.lru_cache(maxsize=64)
-def compile_step(cfg, plan: RematPlan, mesh, spec, tokens_shape):
+def compile_step(cfg, plan: RematPlan, mesh, spec, tokens_shape, carry_sharding: bool = True):
     """The loss+gradient program of ``plan`` compiled for ``mesh`` (``jax.stages.Compiled``).
 
     Inputs: parameters in :func:`jaxremat.sharding.param_shardings`, tokens ``(B, T+1)`` int32 in
     :func:`jaxremat.sharding.batch_sharding`; outputs: the replicated loss and the gradients sharded
-    like the parameters. Compiled once per key (the ``none`` determinism run reuses it).
+    like the parameters. The residual stream is pinned to
+    :func:`jaxremat.sharding.activation_sharding` at every block boundary; ``carry_sharding=False``
+    leaves it to XLA's sharding propagation (only to show what the pin prevents:
+    ``python -m parity.distributed.explain --mesh fsdp=4 --no-carry-sharding``). Compiled once per key
+    (the ``none`` determinism run reuses it).
     """
     shapes = param_shapes(cfg)
     p_sh = shd.param_shardings(mesh, spec, shapes)
     b_sh = shd.batch_sharding(mesh, spec)
-    jitted = jax.jit(_value_and_grad(cfg, plan), in_shardings=(p_sh, b_sh), out_shardings=(shd.replicated(mesh), p_sh))
+    pin = shd.activation_sharding(mesh, spec) if carry_sharding else None
+    jitted = jax.jit(_value_and_grad(cfg, plan, pin), in_shardings=(p_sh, b_sh), out_shardings=(shd.replicated(mesh), p_sh))
     args = ({k: jax.ShapeDtypeStruct(v, jnp.dtype(cfg.dtype), sharding=p_sh[k]) for k, v in shapes.items()},
             jax.ShapeDtypeStruct(tokens_shape, jnp.int32, sharding=b_sh))
     return jitted.lower(*args).compile()
@@ -99,7 +106,7 @@ def _adamw_program(hparams: AdamWConfig, mesh, spec: str, cfg):
 
 
 def run_plan(cfg, params_np: dict, tokens_np: np.ndarray, plan: RematPlan, spec: str, mesh, hparams: AdamWConfig,
-             predicted: dict[str, int] | None = None) -> MeshRun:
+             predicted: dict[str, int] | None = None, carry_sharding: bool = True) -> MeshRun:
     """Run ``plan`` on ``mesh``: loss, gradients, ``hparams.steps`` AdamW steps, memory per device.
 
     Args:
@@ -111,12 +118,13 @@ def run_plan(cfg, params_np: dict, tokens_np: np.ndarray, plan: RematPlan, spec:
         mesh: the ``jax.sharding.Mesh``.
         hparams: AdamW settings; ``steps`` training steps.
         predicted: the memory prediction to store beside the measurement.
+        carry_sharding: pin the residual stream at block boundaries (default; see :func:`compile_step`).
     """
     shapes = param_shapes(cfg)
     p_sh = shd.param_shardings(mesh, spec, shapes)
     params = {k: jax.device_put(np.asarray(v), p_sh[k]) for k, v in params_np.items()}
     tokens = jax.device_put(np.asarray(tokens_np, np.int32), shd.batch_sharding(mesh, spec))
-    compiled = compile_step(cfg, plan, mesh, spec, tokens.shape)
+    compiled = compile_step(cfg, plan, mesh, spec, tokens.shape, carry_sharding)
     loss, grads = jax.block_until_ready(compiled(params, tokens))
     apply, o_sh = _adamw_program(hparams, mesh, spec, cfg)
     opt_state = jax.jit(_tx(hparams).init, out_shardings=o_sh)(params)
@@ -187,3 +195,29 @@ def count_collectives(hlo: str) -> dict[str, int]:
     """Collective ops in an optimized HLO text (``all-gather``, ``all-reduce``, ``reduce-scatter``, ``all-to-all``)."""
     return {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in
             ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")}
+
+
+def activation_all_reduces(hlo: str, shape: tuple[int, ...]) -> dict[str, int]:
+    """All-reduces of an activation of global ``shape`` made by a matmul, by where they run.
+
+    An SPMD matmul that splits its contraction dimension over devices sums the partial products with
+    an all-reduce of its (global) output; this counts those ops in an optimized HLO text by the
+    ``op_name`` JAX wrote in their metadata: ``forward`` (``.../jvp()/...``), ``recompute`` (a forward
+    op inside the backward pass, ``.../transpose(jvp())/.../jvp()/...``) and ``gradient`` (the
+    transposed ops). The same matmul counted in ``forward`` but not in ``recompute`` was
+    partitioned another way when recomputed: another summation order.
+    """
+    result = re.compile(r"= f\w+\[" + ",".join(str(d) for d in shape) + r"\]\S* all-reduce\(")
+    out = {"forward": 0, "recompute": 0, "gradient": 0}
+    for line in hlo.splitlines():
+        name = line.partition('op_name="')[2].partition('"')[0]
+        if not result.search(line) or not name.endswith("/dot_general"):
+            continue
+        parts = name.split("/")[1:]  # after "jit(f)"
+        if not parts[0].startswith("transpose("):
+            out["forward"] += 1
+        elif len(parts) < 2 or parts[-2].startswith("transpose("):
+            out["gradient"] += 1
+        else:
+            out["recompute"] += 1
+    return out

@@ -79,6 +79,7 @@ def _cross(jax_rows: list[dict], torch_rows: list[DistributedRow], cfg, params, 
         j = by_layout.get(t.layout) or by_layout.get("data_parallel")
         tol, tol_loss = tolerance_for(cfg.dtype, "grads"), tolerance_for(cfg.dtype, "loss")
         row = {"schedule": "none", "dtype": cfg.dtype, "jax_mesh": j and j["mesh"], "torch_mesh": t.mesh,
+               "variant": f"jax {j['mesh'] if j else '-'} vs torch {t.mesh}",
                "tolerance": tol.bound, "tolerance_reason": tol.reason, "tolerance_loss": tol_loss.bound,
                "tolerance_loss_reason": tol_loss.reason, "max_rel_err_grads": None, "ok": False, "error": None}
         if j is None:

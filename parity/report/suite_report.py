@@ -156,6 +156,8 @@ def verdict(report: dict) -> str:
             "PASS" if report_passed(report) else "FAIL")
     parts = [f"{counts['pass']} of {len(cases)} cases passed"
              + "".join(f", {counts[k]} {_VERDICT_WORDS[k]}" for k in ("fail", "no_saving", "over_budget", "error") if counts[k])]
+    if not cases and report.get("distributed"):
+        parts = []  # the distributed suite has rows, not cases
     if report.get("distributed"):
         ok, total = distributed_report.counts(report)
         parts.append(f"{ok} of {total} distributed rows passed")

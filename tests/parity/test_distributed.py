@@ -1,9 +1,12 @@
 """The distributed suite's JAX half: a 2-device mesh in a worker process, and the one-line mesh errors.
 
-The worker runs gpt-tiny on ``data=2`` (two forced CPU host devices) with ``none`` and ``every_k(2)``:
+The worker runs gpt-small on ``fsdp=2`` (two forced CPU host devices) with ``none`` and ``full``:
 the plan is bitwise against ``none`` on the mesh, and ``none`` holds the single-device reference
-(the mean of the per-shard gradients) within its stated bound. One worker process serves every test
-(module-scope fixture).
+(the mean of the per-shard gradients) within its stated bound. ``full`` on a fully sharded mesh is
+the case that needs the residual stream pinned at block boundaries (``carry_sharding``): left to
+XLA's sharding propagation it is 1.47e9 ULP from ``none`` (docs/sharding.md;
+``python -m parity.distributed.explain --mesh fsdp=2 --no-carry-sharding``). One worker process
+serves every test (module-scope fixture).
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ TINY = TransformerConfig(vocab_size=256, n_layer=4, d_model=32, n_head=2, d_ff=6
 @pytest.fixture(scope="module")
 def worker_rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("jax-worker")
-    cmd = [sys.executable, "-m", "parity.distributed.jax_worker", "--devices", "2", "--model", "gpt-tiny",
-           "--meshes", "data=2", "--schedules", "none,every_k(2)", "--out", str(out)]
+    cmd = [sys.executable, "-m", "parity.distributed.jax_worker", "--devices", "2", "--model", "gpt-small",
+           "--meshes", "fsdp=2", "--schedules", "none,full", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((out / ROWS_FILE).read_text())
@@ -40,15 +43,15 @@ def worker_rows(tmp_path_factory):
 def test_worker_plan_bitwise_against_none_on_mesh(worker_rows):
     _, mesh = worker_rows
     rows = {r["schedule"]: r for r in mesh["rows"]}
-    assert mesh["mesh"] == "data=2" and mesh["layout"] == "data_parallel"
-    assert list(rows) == ["none", "every_k(2)"]
+    assert mesh["mesh"] == "fsdp=2" and mesh["layout"] == "fully_sharded"
+    assert list(rows) == ["none", "full"]
     for r in rows.values():
         assert r["status"] == "pass", r
         assert r["grads_bitwise"] is True and r["weights_bitwise"] is True and r["max_ulp"] == 0
         assert r["exception"] is None and r["devices"] == 2
-    # remat saves per-device activation memory on the mesh; parameters are replicated (data parallel)
-    none_mem, plan_mem = rows["none"]["memory"], rows["every_k(2)"]["memory"]
-    assert plan_mem["activation_bytes"] < none_mem["activation_bytes"]
+    # remat saves per-device activation memory on the mesh; every parameter is split in two (fully sharded)
+    none_mem, plan_mem = rows["none"]["memory"], rows["full"]["memory"]
+    assert plan_mem["activation_bytes"] < 0.5 * none_mem["activation_bytes"]
     assert none_mem["params_bytes"] == none_mem["predicted"]["params_bytes"]
     assert none_mem["opt_state_bytes"] >= 2 * none_mem["params_bytes"]
 
@@ -60,7 +63,7 @@ def test_worker_single_vs_multi_reference(worker_rows):
     assert none["reference_err"] <= REFERENCE_EPS * EPS["float32"]
     # the full-batch single-device gradient is the wrong reference: it is measured, and further off
     assert mesh["full_batch_err"] > 0
-    assert (out / grads_file_name("data=2")).is_file() and none["grads_file"]
+    assert (out / grads_file_name("fsdp=2")).is_file() and none["grads_file"]
 
 
 def test_mesh_does_not_divide_devices():
@@ -105,3 +108,20 @@ def test_cross_row_without_a_jax_peer_renders():
     row = cross_row({"schedule": "none", "dtype": "float32", "jax_mesh": None, "max_rel_err_grads": None,
                      "ok": False, "error": "no JAX mesh ran none"})
     assert row[-1] == "NO" and row[2] == "- (rel)"
+
+
+def test_activation_all_reduces_sorts_matmuls_by_pass():
+    from parity.distributed.jax_mesh import activation_all_reduces
+
+    def op(shape, kind, name):
+        return f'  %x = f32[{shape}]{{2,1,0}} {kind}(%y), channel_id=1, metadata={{op_name="jit(f)/{name}" stack_frame_id=1}}'
+
+    hlo = "\n".join([
+        op("4,64,64", "all-reduce", "jvp()/while/body/closed_call/cond/branch_0_fun/dot_general"),
+        op("4,64,64", "all-reduce", "transpose(jvp())/while/body/closed_call/cond/branch_0_fun/jvp()/dot_general"),
+        op("4,64,64", "all-reduce", "transpose(jvp())/while/body/closed_call/transpose(jvp())/dot_general"),
+        op("4,64,64", "all-gather", "jvp()/while/body/closed_call/dot_general"),    # not an all-reduce
+        op("4,64,32", "all-reduce", "jvp()/while/body/closed_call/dot_general"),    # another shape
+        op("4,64,64", "all-reduce", "jvp()/while/body/closed_call/add"),            # not a matmul
+    ])
+    assert activation_all_reduces(hlo, (4, 64, 64)) == {"forward": 1, "recompute": 1, "gradient": 1}
