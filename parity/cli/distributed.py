@@ -9,14 +9,13 @@ from __future__ import annotations
 # Deferred imports: jaxremat.sharding loads JAX; it is imported when the meshes are checked, so --help and
 # option errors stay fast (the workers run in their own processes).
 
+import math
 import time
 
 from parity.cli import checks as cc
-from parity.distributed.jax_worker import DEFAULT_MESHES, DEFAULT_PLANS
+from parity.distributed.jax_worker import DEFAULT_MESHES, DEFAULT_PLANS, check_plans, distributed_preset
 from parity.distributed.suite import WorkerError, run_distributed
-from parity.inputs.presets import get_preset
 from parity.report.environment import environment_info
-from jaxremat.spec.plan import parse_plan
 from parity.report.files import WriteError
 from parity.report.suite_report import REPORT_FILES, OutputDirError
 
@@ -26,6 +25,25 @@ MAX_DEVICES = 256
 """The most devices ``--devices`` takes."""
 
 
+def _check_meshes_fit(specs, devices: int) -> None:
+    """Refuse, in one line naming every one, the meshes whose device count does not divide ``devices``.
+
+    Raises:
+        ValueError: some mesh of ``specs`` (:class:`jaxremat.sharding.MeshSpec`) needs a device count
+            that does not divide ``devices``; the message names each with its size and the fix.
+    """
+    misfits = [ms for ms in specs if devices % ms.size]
+    if not misfits:
+        return
+    named = [f"{ms.text} ({ms.size} devices)" for ms in misfits]
+    named = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+    fits_all = math.lcm(*(ms.size for ms in specs))
+    fix = f"pass --devices {fits_all} (fits every mesh) or" if fits_all <= MAX_DEVICES else "pass"
+    what = "mesh" if len(misfits) == 1 else f"{len(misfits)} meshes"
+    raise ValueError(f"{what} {named} {'does' if len(misfits) == 1 else 'do'} not divide --devices {devices}; "
+                     f"{fix} a --mesh whose mesh sizes divide {devices}")
+
+
 def _options(args):
     """``(preset, devices, meshes, plans, frameworks)`` of the options; raises ValueError (one line)."""
     if args.checkpoint is not None:
@@ -33,9 +51,7 @@ def _options(args):
     if args.dtype != "float32":
         raise ValueError("--suite distributed runs float32; drop --dtype")
     args.out = cc.out_path("--out", args.out)
-    preset = get_preset(args.model or "gpt-small")
-    if preset.checkpoint is not None:
-        raise ValueError(f"--suite distributed runs the built-in GPT presets; --model {preset.name} needs a checkpoint")
+    preset = distributed_preset(args.model or "gpt-small")
     devices = DEFAULT_DEVICES if args.devices is None else args.devices
     if devices < 1:
         raise ValueError(f"--devices must be >= 1, got {devices}")
@@ -49,19 +65,18 @@ def _options(args):
     from jaxremat.sharding import check_divides, parse_mesh  # imports JAX: only once --suite distributed is chosen
 
     cfg = preset.config
-    canonical = []
-    for m in meshes:  # one line for a mesh that does not divide the model or the devices, before any work
+    specs = []
+    for m in meshes:
         ms = parse_mesh(m)
-        if ms.text in canonical:
+        if ms.text in [s.text for s in specs]:
             raise ValueError(f"--mesh: mesh {ms.text} is given twice; give each mesh once")
-        canonical.append(ms.text)
-        if ms.size > devices or devices % ms.size:
-            raise ValueError(f"mesh {ms.text} needs {ms.size} devices, which does not divide --devices {devices}; "
-                             f"pass --devices {ms.size} or a mesh whose size divides {devices}")
+        specs.append(ms)
+    _check_meshes_fit(specs, devices)
+    for ms in specs:  # one line for a mesh that does not divide the model, before any work
         check_divides(ms, cfg, preset.batch_size)
+    canonical = [ms.text for ms in specs]
     plans = DEFAULT_PLANS if args.schedules is None else tuple(cc.unique_items("--schedules", args.schedules))
-    for name in plans:  # a bad plan is bad input (exit 2), found before any worker starts
-        parse_plan(name).segments_for(cfg.n_layer)
+    plans = check_plans(plans, cfg.n_layer)  # a bad plan is bad input (exit 2), found before any worker starts
     frameworks = tuple(cc.unique_items("--frameworks", args.frameworks))
     bad = [f for f in frameworks if f not in ("jax", "torch")]
     if bad:

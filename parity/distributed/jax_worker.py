@@ -7,7 +7,11 @@ Each mesh is checked by :func:`parity.distributed.jax_checks.check_mesh`; the wo
 ``jax_rows.json`` (the meshes' :class:`parity.distributed.jax_checks.MeshReport` s) and one
 safetensors file of ``none``'s gradients per mesh into ``--out``.
 
-Exit codes: 0 the rows were written (pass or fail is in them); 2 bad input (one line on stderr).
+Exit codes: 0 the rows were written (pass or fail is in them); 2 bad input (one line on stderr): a
+``--devices`` below 1, a ``--model`` outside the GPT family (:func:`distributed_preset`), a bad plan
+in ``--schedules`` (:func:`check_plans`) and an ``--out`` that is a file or cannot be written
+(:func:`check_out_dir`) are refused before JAX is imported; a mesh that does not fit the devices or
+the model before any mesh runs.
 """
 
 from __future__ import annotations
@@ -21,10 +25,14 @@ import os
 import sys
 from pathlib import Path
 
-from parity.inputs.pretrained import preset_inputs
+from jaxremat.models import get_model
 from jaxremat.spec.grammar import split_top
-from parity.inputs.presets import get_preset
+from jaxremat.spec.plan import parse_plan
+from parity.inputs.model_preset import ModelPreset
+from parity.inputs.pretrained import preset_inputs
+from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.train import AdamWConfig
+
 ROWS_FILE = "jax_rows.json"
 
 DEFAULT_MESHES = ("data=2", "fsdp=4", "data=2,model=2")
@@ -41,33 +49,96 @@ def _parser() -> argparse.ArgumentParser:
                                 description="Run remat plans on JAX meshes and write jax_rows.json.")
     p.add_argument("--devices", type=int, default=4, help="host devices to simulate on CPU (default 4)")
     p.add_argument("--meshes", default=";".join(DEFAULT_MESHES), help="';'-separated mesh specs")
-    p.add_argument("--schedules", default=",".join(DEFAULT_PLANS), help="','-separated plans (none first)")
+    p.add_argument("--schedules", default=",".join(DEFAULT_PLANS),
+                   help="','-separated plans; none runs first whether listed or not")
     p.add_argument("--model", default="gpt-small", help="model preset (default gpt-small)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory")
     return p
 
 
-def _split_plans(text: str) -> tuple[str, ...]:
+def distributed_preset(name: str) -> ModelPreset:
+    """The ``--model`` preset ``name``, if the distributed suite runs it: a GPT-family preset on random weights.
 
-    return tuple(s.strip() for s in split_top(text, ",") if s.strip())
+    Raises:
+        ValueError: an unknown name (the message lists the presets), or a preset of another family
+            (``minilm-l6``, a BERT encoder) or with a checkpoint; the message lists the supported presets.
+    """
+    preset = get_preset(name)
+    supported = [p.name for p in PRESETS.values() if p.config.arch == "gpt" and p.checkpoint is None]
+    if preset.name not in supported:
+        what = (f"arch {preset.config.arch}: {get_model(preset.config.arch).description}"
+                if preset.config.arch != "gpt" else "a pretrained checkpoint")
+        raise ValueError(f"--suite distributed supports the GPT family presets ({', '.join(supported)}); "
+                         f"--model {preset.name} ({what}) is not supported there; pass --model {supported[0]}")
+    return preset
+
+
+def check_plans(plans, n_layer: int) -> tuple[str, ...]:
+    """The plan names of ``--schedules`` (a ','-separated string or a sequence), each checked at ``n_layer`` blocks.
+
+    Each name is parsed by :func:`jaxremat.spec.plan.parse_plan` and its segments built for
+    ``n_layer`` (``RematPlan.segments_for``); ``none`` need not be listed (the worker runs it first).
+
+    Raises:
+        ValueError: an empty list or item, a plan listed twice (two spellings of one plan count
+            twice), or a bad plan (parse_plan's message: the valid schedule and policy names).
+    """
+    items = tuple(s.strip() for s in (split_top(plans, ",") if isinstance(plans, str) else plans))
+    if not items or not any(items):
+        raise ValueError("--schedules is empty; give plans such as none,full,every_k(2)")
+    if not all(items):
+        raise ValueError(f"--schedules {','.join(items)!r} has an empty item; separate plans by single commas")
+    names = []
+    for item in items:
+        try:
+            plan = parse_plan(item)
+            plan.segments_for(n_layer)
+        except ValueError as exc:
+            raise ValueError(f"--schedules: {exc}") from None
+        if plan.name in names:
+            raise ValueError(f"--schedules: '{item}' is '{items[names.index(plan.name)]}' listed twice; list each once")
+        names.append(plan.name)
+    return items
+
+
+def check_out_dir(text) -> Path:
+    """``--out`` as a directory that exists (created here with its parents) and can be written.
+
+    Raises:
+        ValueError: ``text`` is empty, names an existing file, or the directory cannot be created or written.
+    """
+    if not str(text).strip():
+        raise ValueError("--out is empty; give a directory, e.g. --out jax-rows")
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory; pass another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot write to --out {out}: {exc.strerror or exc}; pass a writable --out") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write to --out {out}: permission denied; pass a writable --out")
+    return out
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    if args.devices < 1:
-        print(f"--devices must be >= 1, got {args.devices}", file=sys.stderr)
+    try:  # bad input answers in one line before JAX loads
+        if args.devices < 1:
+            raise ValueError(f"--devices must be >= 1, got {args.devices}")
+        preset = distributed_preset(args.model)
+        plans = check_plans(args.schedules, preset.config.n_layer)
+        out = check_out_dir(args.out)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
         return 2
     flag = f"--xla_force_host_platform_device_count={args.devices}"
     os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), flag) if f)
     from parity.distributed.jax_checks import check_mesh
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     try:
-        preset = get_preset(args.model)
         cfg, params, tokens = preset_inputs(preset, "float32", args.seed)
-        plans = _split_plans(args.schedules)
         meshes = [m.strip() for m in args.meshes.split(";") if m.strip()]
         from jaxremat import sharding as shd
 

@@ -39,7 +39,7 @@ from jaxremat.models.config import TransformerConfig
 from jaxremat.models.gpt import activation as am
 from jaxremat.spec import parse_plan, parse_schedule
 
-from parity.report.browser import screenshot
+from parity.report.browser import missing, screenshot
 from parity.report.files import atomic_write, json_safe
 from parity.report.html_model import DEFAULT_BATCHES, DEFAULT_MAX_DEPTH, DEFAULT_SEQS, model_data
 
@@ -221,15 +221,28 @@ def load_report(directory: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m parity.report.html DIR [--screenshot PNG]``; returns the exit code (2: bad input)."""
+    """``python -m parity.report.html DIR [--screenshot PNG [--overwrite]]``; returns the exit code (2: bad input).
+
+    An existing PNG is replaced only with ``--overwrite``; without it, or without a browser
+    (:func:`parity.report.browser.missing`), the command refuses (exit 2) before it writes anything.
+    Exit 1: the page asked for the network or logged an error while the screenshot was taken.
+    """
     ap = argparse.ArgumentParser(prog="python -m parity.report.html",
                                  description="Rewrite DIR/report.html from the report.json, sweep.json or plan.json in "
                                  "DIR; optionally save a screenshot of its default view (headless Chromium).")
     ap.add_argument("directory", type=Path)
     ap.add_argument("--screenshot", type=Path, default=None, metavar="PNG")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing --screenshot PNG instead of refusing")
     args = ap.parse_args(argv)
     if args.screenshot is not None and (args.screenshot.suffix.lower() != ".png" or args.screenshot.is_dir()):
         print(f"error: --screenshot {args.screenshot}: give a .png file path", file=sys.stderr)
+        return 2
+    if args.screenshot is not None and args.screenshot.exists() and not args.overwrite:
+        print(f"error: --screenshot {args.screenshot} exists; pass --overwrite to replace it, or give another path",
+              file=sys.stderr)
+        return 2
+    if args.screenshot is not None and missing() is not None:
+        print(f"error: --screenshot needs a headless browser: {missing()}; or drop --screenshot", file=sys.stderr)
         return 2
     if not args.directory.is_dir():
         print(f"error: {args.directory} is not a folder; give the folder holding report.json, sweep.json or "
@@ -246,7 +259,11 @@ def main(argv=None) -> int:
         return 2
     print(f"wrote {path}")
     if args.screenshot is not None:
-        screenshot(path, args.screenshot)
+        try:
+            screenshot(path, args.screenshot)
+        except RuntimeError as exc:  # the page asked for the network or logged an error
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         print(f"wrote {args.screenshot}")
     return 0
 

@@ -23,6 +23,7 @@ from jaxremat.models import TransformerConfig
 from parity.checks.compare import EPS
 from parity.cli.run import main
 from parity.distributed.jax_checks import REFERENCE_EPS
+from parity.distributed import jax_worker
 from parity.distributed.jax_worker import ROWS_FILE, grads_file_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,11 +96,43 @@ def test_bad_mesh_spec():
 @pytest.mark.parametrize("extra, what", [
     (["--mesh", "data=2;data=02"], "given twice"), (["--mesh", "data=2;"], "empty entry"),
     (["--devices", "100000"], "at most 256"), (["--schedules", "nope"], "unknown schedule 'nope'"),
+    (["--schedules", "full,full+save_nothing"], "'full+save_nothing' is 'full' listed twice"),
+    (["--devices", "3"], "3 meshes data=2 (2 devices), fsdp=4 (4 devices) and data=2,model=2 (4 devices) do not "
+                         "divide --devices 3; pass --devices 4 (fits every mesh) or a --mesh whose mesh sizes divide 3"),
+    (["--devices", "4", "--mesh", "data=2;data=3"], "mesh data=3 (3 devices) does not divide --devices 4; pass "
+                                                    "--devices 6"),
+    (["--model", "minilm-l6"], "supports the GPT family presets (gpt-small, gpt-tiny); --model minilm-l6 (arch bert: "
+                               "BERT-style post-LayerNorm encoder"),
 ])
 def test_cli_bad_distributed_options_exit_2_before_any_work(extra, what, tmp_path, capsys):
     rc = main(["run", "--suite", "distributed", *extra, "--out", str(tmp_path / "r"), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and what in err[0] and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--schedules", "nope"], "--schedules: unknown schedule 'nope'"), (["--schedules", ""], "--schedules is empty"),
+    (["--schedules", "none,,full"], "has an empty item"), (["--schedules", "plan(3,5)"], "n_layer=4"),
+    (["--model", "minilm-l6"], "is not supported there; pass --model gpt-small"),
+    (["--devices", "0"], "--devices must be >= 1"),
+])
+def test_worker_bad_input_is_one_line_before_jax(extra, what, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")
+    rc = jax_worker.main(["--model", "gpt-tiny", *extra, "--out", str(tmp_path / "w")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and what in err[0], err
+    assert not (tmp_path / "w").exists() and jax_worker.os.environ["XLA_FLAGS"] == ""  # nothing made, JAX untouched
+
+
+@pytest.mark.parametrize("where, what", [("file", "exists and is not a directory; pass another --out"),
+                                         ("file/sub", "cannot write to --out"), ("  ", "--out is empty")])
+def test_worker_bad_out_is_one_line_before_jax(where, what, tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("mine")
+    monkeypatch.setenv("XLA_FLAGS", "")
+    rc = jax_worker.main(["--model", "gpt-tiny", "--out", str(tmp_path / where) if where.strip() else where])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and what in err[0], err
+    assert (tmp_path / "file").read_text() == "mine" and jax_worker.os.environ["XLA_FLAGS"] == ""
 
 
 def test_cross_row_without_a_jax_peer_renders():

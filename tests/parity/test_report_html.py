@@ -18,6 +18,7 @@ import pytest
 
 from jaxremat.models.config import TransformerConfig
 from parity.report import browser
+from parity.report import html as report_html
 from parity.report.html import HTML_NAME, page_data, write_html
 from parity.report.html_model import block_forward_flops, python_prediction
 from parity.report.suite_report import write_report
@@ -159,3 +160,27 @@ def test_a_page_that_asks_for_the_network_is_caught(tmp_path, chromium):
     page.wait_for_timeout(200)
     assert log["requests"] == ["http://192.0.2.1/x.png"] and "boom" in log["errors"]
     page.close()
+
+
+def test_cli_refuses_to_overwrite_a_png_without_overwrite(tmp_path, capsys, monkeypatch):
+    (tmp_path / "report.json").write_text(json.dumps(REPORT))
+    png = tmp_path / "view.png"
+    png.write_bytes(b"mine")
+    monkeypatch.setattr(report_html, "missing", lambda: None)  # the refusal must not depend on a browser here
+    shots = []
+    monkeypatch.setattr(report_html, "screenshot", lambda page, out: shots.append(out) or out.write_bytes(b"new"))
+    rc = report_html.main([str(tmp_path), "--screenshot", str(png)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "exists; pass --overwrite to replace it" in err[0]
+    assert png.read_bytes() == b"mine" and not (tmp_path / HTML_NAME).exists() and not shots
+    assert report_html.main([str(tmp_path), "--screenshot", str(png), "--overwrite"]) == 0
+    assert png.read_bytes() == b"new" and shots == [png] and (tmp_path / HTML_NAME).is_file()
+
+
+def test_cli_screenshot_without_a_browser_is_one_line_before_any_write(tmp_path, capsys, monkeypatch):
+    (tmp_path / "report.json").write_text(json.dumps(REPORT))
+    monkeypatch.setattr(report_html, "missing", lambda: "Chromium not found at /nowhere (apt-get install chromium)")
+    rc = report_html.main([str(tmp_path), "--screenshot", str(tmp_path / "view.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "needs a headless browser: Chromium not found" in err[0]
+    assert not (tmp_path / HTML_NAME).exists() and not (tmp_path / "view.png").exists()
