@@ -44,3 +44,12 @@ def test_readme_budget_example_is_the_example_file_and_prints_its_plan_and_true_
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
     assert lines[0].startswith("plan(") and lines[1:] == ["True", "True", "True"], out.stdout + out.stderr
+
+
+def test_readme_sharding_example_prints_sharded_gradients_and_true():
+    code = readme_block("Past one device: remat with sharding")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(env, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "P(None, 'fsdp') True", out.stdout + out.stderr
