@@ -59,7 +59,9 @@ def markdown_sections(report: dict) -> list[str]:
              "the single-device reference named in report.json (`reference`). Memory is per device (JAX: compiled "
              "memory_analysis of the SPMD program, parameter/gradient/optimizer shards on device 0); `pred` = "
              "parameters over the axis that splits them, `act pred` = single-device activations over the batch "
-             "shards (tensor parallel: times Korthikanti et al.'s ratio). docs/sharding.md explains each column.", ""]
+             "shards (tensor parallel: times Korthikanti et al.'s ratio) plus the per-layer collective buffers "
+             "(fully sharded: one layer gathered whole and its whole gradient; data parallel: one layer's gradient "
+             "all-reduce). docs/sharding.md explains each column.", ""]
     if d.get("torch_status") and d["torch_status"] != "ran":
         parts += [f"PyTorch: {d['torch_status']}", ""]
     for m in d["meshes"]:
