@@ -79,7 +79,7 @@ def predicted_memory(cfg, spec: str, single_temp_bytes: int, itemsize: int) -> d
     Measured on gpt-small (docs/sharding.md), compiled temp bytes over this prediction: 0.95 .. 1.01
     on ``fsdp=4`` and ``data=2`` for the schedules without a policy (the collective term is 38% of
     ``full``'s prediction on ``fsdp=4``), 1.11 for ``every_k(2)+save_qkv_proj`` on ``data=2``;
-    ``data=2,model=2`` 1.02 (``none``) .. 1.19 (``full``): the tensor-parallel ratio under-predicts.
+    ``data=2,model=2`` 1.02 (``none``) .. 1.18 (``full``): the tensor-parallel ratio under-predicts.
     """
     ms = shd.parse_mesh(spec)
     f, t = ms.axis_size("fsdp"), ms.axis_size("model")
