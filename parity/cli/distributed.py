@@ -13,7 +13,8 @@ import math
 import time
 
 from parity.cli import checks as cc
-from parity.distributed.jax_worker import DEFAULT_MESHES, DEFAULT_PLANS, check_plans, distributed_preset
+from parity.distributed.jax_worker import (DEFAULT_MESHES, DEFAULT_PLANS, check_plans, check_processes,
+                                          distributed_preset)
 from parity.distributed.suite import WorkerError, run_distributed
 from parity.report.environment import environment_info
 from parity.report.files import WriteError
@@ -45,7 +46,7 @@ def _check_meshes_fit(specs, devices: int) -> None:
 
 
 def _options(args):
-    """``(preset, devices, meshes, plans, frameworks)`` of the options; raises ValueError (one line)."""
+    """``(preset, devices, meshes, plans, frameworks, processes)`` of the options; raises ValueError (one line)."""
     if args.checkpoint is not None:
         raise ValueError("--suite distributed runs a --model preset; drop --checkpoint")
     if args.dtype != "float32":
@@ -72,8 +73,12 @@ def _options(args):
             raise ValueError(f"--mesh: mesh {ms.text} is given twice; give each mesh once")
         specs.append(ms)
     _check_meshes_fit(specs, devices)
-    for ms in specs:  # one line for a mesh that does not divide the model, before any work
+    processes = 1 if args.processes is None else args.processes
+    if processes < 1:
+        raise ValueError(f"--processes must be >= 1, got {processes}")
+    for ms in specs:  # one line for a mesh that does not divide the model or the processes, before any work
         check_divides(ms, cfg, preset.batch_size)
+        check_processes(ms.text, processes)
     canonical = [ms.text for ms in specs]
     plans = DEFAULT_PLANS if args.schedules is None else tuple(cc.unique_items("--schedules", args.schedules))
     plans = check_plans(plans, cfg.n_layer)  # a bad plan is bad input (exit 2), found before any worker starts
@@ -81,13 +86,15 @@ def _options(args):
     bad = [f for f in frameworks if f not in ("jax", "torch")]
     if bad:
         raise ValueError(f"--frameworks: unknown framework {bad[0]!r}; valid: jax, torch")
-    return preset, devices, tuple(canonical), plans, frameworks
+    if processes > 1 and "jax" not in frameworks:
+        raise ValueError("--processes spreads the JAX meshes over processes; add jax to --frameworks or drop --processes")
+    return preset, devices, tuple(canonical), plans, frameworks, processes
 
 
 def cmd_distributed(args, console) -> int:
     """Run the distributed suite and write report.json / report.md into ``--out``."""
     try:
-        preset, devices, meshes, plans, frameworks = _options(args)
+        preset, devices, meshes, plans, frameworks, processes = _options(args)
         lock, kept = cc.claim_out_dir(args.out, args.overwrite, REPORT_FILES)
     except (ValueError, OutputDirError) as exc:
         cc.error(console, exc)
@@ -98,7 +105,7 @@ def cmd_distributed(args, console) -> int:
         t0 = time.perf_counter()
         try:
             report = run_distributed(preset, args.out, devices=devices, meshes=meshes, plans=plans,
-                                     frameworks=frameworks, seed=args.seed,
+                                     frameworks=frameworks, seed=args.seed, processes=processes,
                                      hparams=preset.hparams, note=lambda m: cc.note(console, m))
         except ValueError as exc:
             cc.error(console, exc)

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "data x model) and PyTorch ranks, per-device memory (docs/sharding.md) (default: quick)")
     run.add_argument("--devices", type=ascii_int, default=None,
                      help="distributed suite: JAX devices (CPU: simulated host devices; default 4)")
+    run.add_argument("--processes", type=ascii_int, default=None,
+                     help="distributed suite: also run each JAX mesh spread over this many processes "
+                     "(jax.distributed over 127.0.0.1, gloo CPU collectives), checked against the one-process run "
+                     "(default 1: one process)")
     run.add_argument("--mesh", default=None,
                      help="distributed suite: ';'-separated JAX meshes, e.g. 'data=2,model=2' (default: "
                      "data=2;fsdp=4;data=2,model=2)")
@@ -179,8 +183,9 @@ def cmd_run(args) -> int:
         from parity.cli.distributed import cmd_distributed
 
         return cmd_distributed(args, console)
-    if args.devices is not None or args.mesh is not None:
-        cc.error(console, "--devices and --mesh belong to --suite distributed; add --suite distributed or drop them")
+    if args.devices is not None or args.mesh is not None or args.processes is not None:
+        cc.error(console, "--devices, --mesh and --processes belong to --suite distributed; add --suite distributed "
+                 "or drop them")
         return 2
     try:
         suite = _suite_from_args(args)

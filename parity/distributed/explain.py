@@ -15,6 +15,12 @@ and in the gradient: a matmul that splits its contraction over devices in the fo
 when recomputed sums in another order (docs/sharding.md). Without ``--no-carry-sharding`` the
 harness's default, the stream pinned at every block boundary, is shown.
 
+Over several processes: ``python -m parity.distributed.explain --mesh fsdp=4 --processes 2`` runs
+the collective probe (:func:`parity.distributed.jax_multiprocess.collective_probe`: a ``psum`` over
+each mesh axis) on the mesh in this process and spread over 2 processes (``jax.distributed``, gloo
+CPU collectives) and prints, per axis, the order in which each chunk of the result summed its
+operands (the ``collective-summation-order`` exception; docs/sharding.md, "Several processes").
+
 ``--disable-pass NAME`` reruns with an XLA pass off (``XLA_FLAGS=--xla_disable_hlo_passes=NAME``,
 set before JAX starts).
 """
@@ -26,11 +32,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 import numpy as np
 
 from jaxremat.spec.plan import parse_plan
 from parity.checks.compare import compare_bitwise
+from parity.distributed.jax_multiprocess import ProcessesError, collective_probe, run_processes
+from parity.distributed.jax_worker import check_processes
 from parity.inputs.presets import get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.train import AdamWConfig
@@ -45,6 +54,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-carry-sharding", action="store_true",
                    help="on a mesh: do not pin the residual stream at block boundaries")
     p.add_argument("--disable-pass", default=None, help="an XLA pass to disable, e.g. while-loop-simplifier")
+    p.add_argument("--processes", type=int, default=1,
+                   help="with --mesh: compare the collective probe in one process and over this many processes")
     args = p.parse_args(argv)
     from jaxremat import sharding as shd  # imports JAX; its backend starts later, after XLA_FLAGS is set
 
@@ -69,6 +80,11 @@ def main(argv=None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
 
+    if args.processes > 1:
+        if ms is None:
+            print("error: --processes needs a --mesh (e.g. --mesh fsdp=4)", file=sys.stderr)
+            return 2
+        return _explain_processes(args.model, ms, args.processes)
     from parity.distributed import jax_mesh as jm
 
     if ms is None:
@@ -95,6 +111,41 @@ def main(argv=None) -> int:
             line += (f"; matmuls all-reducing a {list(shape)} activation: forward {ar['forward']}, "
                      f"recompute {ar['recompute']}, gradient {ar['gradient']}")
         print(line)
+    return 0
+
+
+def _orders(probe: dict) -> list[str]:
+    out = []
+    for axis, p in probe.items():
+        chunks = ", ".join("?" if o is None else "+".join(f"x{i}" for i in o) for o in p["orders"])
+        out.append(f"  {axis}: {p['device_order']:.1%} of elements in device order; chunk orders {chunks}")
+    return out
+
+
+def _explain_processes(model: str, ms, processes: int) -> int:
+    """The collective probe of mesh ``ms`` here (one process) and over ``processes`` processes."""
+    from jaxremat import sharding as shd
+
+    try:
+        check_processes(ms.text, processes)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    here = collective_probe(shd.make_mesh(ms))
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            there = run_processes(model, ms.text, (), processes, tmp)["probe"]
+        except ProcessesError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    print(f"psum of 1024 float32 per device on mesh {ms.text}; x<i> = the operand of the axis's device i, "
+          "each chunk summed left to right in the order shown")
+    print("one process:")
+    print("\n".join(_orders(here)))
+    print(f"{processes} processes (jax.distributed over 127.0.0.1, gloo CPU collectives):")
+    print("\n".join(_orders(there)))
+    same = all(here[a]["bits"] == there[a]["bits"] for a in here)
+    print(f"probe bitwise equal: {same}")
     return 0
 
 

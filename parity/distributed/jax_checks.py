@@ -25,6 +25,7 @@ from jaxremat.models import param_shapes
 from jaxremat.spec.plan import RematPlan, parse_plan
 from parity.checks.compare import EPS, compare_bitwise, max_rel_err
 from parity.distributed import jax_mesh as jm
+from parity.distributed.jax_multiprocess import plan_runs
 from parity.distributed.result import DistributedRow
 
 REFERENCE = "mean of the per-batch-shard single-device gradients (none)"
@@ -42,6 +43,13 @@ EXCEPTIONS = {
         "float32 eps apart under jit (the recomputed layer runs as a cond branch inside the backward loop, "
         "compiled apart from none's forward loop body; docs/framework-differences.md, section 2); the mesh "
         "inherits it from the per-device shapes (docs/sharding.md; python -m parity.distributed.explain)"),
+    "collective-summation-order": (
+        "the same mesh over several processes (jax.distributed, CPU collectives over gloo) is not bitwise "
+        "against it in one process although both compile the same optimized HLO: the collectives sum their "
+        "operands in another order (gloo's ring reduce-scatter vs XLA:CPU's device order in one process), "
+        "measured in the same run by a psum probe in both (parity.distributed.jax_multiprocess."
+        "collective_probe), gradients within 16 eps; with two operands the order cannot matter, with four it "
+        "does (docs/sharding.md, 'Several processes')"),
 }
 """Documented exceptions: id -> mechanism. An exception is granted only when its condition is measured in the same run."""
 
@@ -57,11 +65,22 @@ class MeshReport:
     reference_bitwise: bool | None
     collectives: dict[str, dict[str, int]]
     while_loops: dict[str, int]
+    processes: int = 1
+    probe: dict | None = None
+    """:func:`parity.distributed.jax_multiprocess.collective_probe` of the mesh where measured (the
+    multi-process comparison measures it in both), else None."""
+    one_process: dict = dataclasses.field(default_factory=dict)
+    """plan name -> :func:`one_process_exception`'s measurements, for the plans of a multi-process mesh
+    that were not bitwise against one process."""
+    runs: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    """plan name -> its :class:`parity.distributed.jax_mesh.MeshRun` (in memory only, not in the JSON)."""
 
     def to_json(self) -> dict:
-        return {"mesh": self.mesh, "layout": self.layout, "rows": [r.to_json() for r in self.rows],
+        return {"mesh": self.mesh, "layout": self.layout, "processes": self.processes,
+                "rows": [r.to_json() for r in self.rows],
                 "full_batch_err": self.full_batch_err, "reference_bitwise": self.reference_bitwise,
-                "collectives": self.collectives, "while_loops": self.while_loops}
+                "collectives": self.collectives, "while_loops": self.while_loops, "probe": self.probe,
+                "one_process": self.one_process}
 
 
 def predicted_memory(cfg, spec: str, single_temp_bytes: int, itemsize: int) -> dict[str, int]:
@@ -99,7 +118,37 @@ def predicted_memory(cfg, spec: str, single_temp_bytes: int, itemsize: int) -> d
     return {"params_bytes": params, "grads_bytes": params, "opt_state_bytes": 2 * params, "activation_bytes": int(act)}
 
 
-def check_mesh(cfg, params, tokens, spec: str, plans: tuple[str, ...], hparams, grads_path=None) -> MeshReport:
+def _runs_here(cfg, params, tokens, ms, plans, hparams, predicted):
+    """Every run of ``plans`` (``none`` twice first) on mesh ``ms`` in this process, as (name, MeshRun or error)."""
+    mesh = shd.make_mesh(ms)
+    for name in plan_runs(plans):
+        try:
+            yield name, jm.run_plan(cfg, params, tokens, parse_plan(name), ms.text, mesh, hparams, predicted(name))
+        except Exception as exc:  # recorded, the mesh goes on
+            yield name, f"{type(exc).__name__}: {exc}"
+
+
+def one_process_exception(run, one, probe, one_probe, dtype) -> tuple[str | None, dict]:
+    """Whether a multi-process run that is not bitwise against one process carries ``collective-summation-order``.
+
+    Granted only when all three are measured in this run: the two optimized HLO programs are equal
+    (:func:`parity.distributed.jax_mesh.hlo_program`: the same program), the collective probe's
+    bits differ between the two (:func:`parity.distributed.jax_multiprocess.collective_probe`: the
+    collectives sum in another order) and every gradient is within :data:`REFERENCE_EPS` eps of the
+    one-process one (relative to the tensor's largest entry). Returns ``(exception or None, the
+    three measurements)``.
+    """
+    same_hlo = jm.hlo_program(run.hlo) == jm.hlo_program(one.hlo)
+    probes_differ = any(probe.get(a, {}).get("bits") != p["bits"] for a, p in one_probe.items())
+    err = float(max_rel_err(run.grads, one.grads))
+    facts = {"same_hlo": same_hlo, "probes_differ": probes_differ, "max_rel_err": err,
+             "bound": REFERENCE_EPS * EPS[dtype]}
+    granted = same_hlo and probes_differ and err <= REFERENCE_EPS * EPS[dtype]
+    return ("collective-summation-order" if granted else None), facts
+
+
+def check_mesh(cfg, params, tokens, spec: str, plans: tuple[str, ...], hparams, grads_path=None, *,
+               runs=None, processes: int = 1, one_process: "MeshReport | None" = None) -> MeshReport:
     """Run every plan of ``plans`` (``none`` first) on mesh ``spec`` and check it (module docstring).
 
     Args:
@@ -108,34 +157,54 @@ def check_mesh(cfg, params, tokens, spec: str, plans: tuple[str, ...], hparams, 
         plans: plan names; ``none`` is added first when missing.
         hparams: AdamW settings of the trained-weights check.
         grads_path: where to write ``none``'s gradients (safetensors), or None.
+        runs: the runs already made elsewhere, ``[(plan name, MeshRun or error message), ...]`` in
+            :func:`parity.distributed.jax_multiprocess.plan_runs` order with their probe
+            (``{"runs": ..., "probe": ...}``, :func:`parity.distributed.jax_multiprocess.load_runs`);
+            None runs them here, on this process's devices.
+        processes: the processes ``runs`` came from (recorded in the rows).
+        one_process: the report of the same mesh in one process: each run is also compared with its
+            plan there, byte for byte, exception ``collective-summation-order`` when
+            :func:`one_process_exception` grants it.
     """
     ms = shd.parse_mesh(spec)
     shd.check_divides(ms, cfg, tokens.shape[0])
-    mesh = shd.make_mesh(ms)
     layout, n = shd.layout_of(ms), ms.batch_shards
-    names = ["none"] + [p for p in plans if parse_plan(p).name != "none"]
     ref_grads = jm.mean_of_shard_grads(cfg, params, tokens, parse_plan("none"), n)
     _, full_grads, _ = jm.single_device_grads(cfg, params, tokens, parse_plan("none"))
     local = np.asarray(tokens)[: tokens.shape[0] // n]
     _, local_none, _ = jm.single_device_grads(cfg, params, local, parse_plan("none"))
     itemsize = np.dtype(cfg.dtype).itemsize
-    rows, collectives, loops, base = [], {}, {}, None
-    for name in names:
+
+    def predicted(name):
+        temp = jm.single_device_grads(cfg, params, tokens, parse_plan(name))[2]
+        return predicted_memory(cfg, ms.text, temp, itemsize)
+
+    if runs is None:
+        source, probe = _runs_here(cfg, params, tokens, ms, plans, hparams, predicted), None
+    else:
+        source, probe = iter(runs["runs"]), runs["probe"]
+    rows, collectives, loops, kept, facts, base, none_error = [], {}, {}, {}, {}, None, None
+    for name, run in source:
         plan: RematPlan = parse_plan(name)
-        predicted = predicted_memory(cfg, ms.text, jm.single_device_grads(cfg, params, tokens, plan)[2], itemsize)
-        try:
-            run = jm.run_plan(cfg, params, tokens, plan, ms.text, mesh, hparams, predicted)
-        except Exception as exc:  # recorded, the mesh goes on
-            rows.append(DistributedRow("jax", ms.text, layout, ms.size, 1, plan.name, "error",
-                                       error=f"{type(exc).__name__}: {exc}"))
+        if base is None and none_error is None and isinstance(run, str):  # the first none failed
+            none_error = run
+            next(source, None)  # its determinism run
+        if isinstance(run, str) or none_error is not None:
+            error = run if isinstance(run, str) else f"none did not run on {ms.text} ({none_error}): nothing to compare with"
+            rows.append(DistributedRow("jax", ms.text, layout, ms.size, processes, plan.name, "error", error=error))
             continue
-        collectives[plan.name] = jm.count_collectives(run.hlo)
-        loops[plan.name] = run.hlo.count(" while(")
-        if base is None:
-            base, again = run, jm.run_plan(cfg, params, tokens, plan, ms.text, mesh, hparams, predicted)
-            other = again
+        if runs is not None:
+            run = dataclasses.replace(run, memory=dataclasses.replace(run.memory, predicted=predicted(name)))
+        if base is None:  # the first none: compared with the second
+            base = run
+            continue
+        kept.setdefault(plan.name, run if plan.name != "none" else base)
+        if plan.name == "none":
+            run, other = base, run
         else:
             other = run
+        collectives[plan.name] = jm.count_collectives(run.hlo)
+        loops[plan.name] = run.hlo.count(" while(")
         g, w = compare_bitwise(other.grads, base.grads), compare_bitwise(other.trained, base.trained)
         loss_same = other.loss.tobytes() == base.loss.tobytes()
         bitwise = g.equal and w.equal and loss_same
@@ -148,15 +217,31 @@ def check_mesh(cfg, params, tokens, spec: str, plans: tuple[str, ...], hparams, 
         ref_err = max_rel_err(run.grads, ref_grads)
         ref_ok = ref.equal or ref_err <= REFERENCE_EPS * EPS[cfg.dtype]
         status = "pass" if (bitwise or exception) and ref_ok else "fail"
+        extra = {}
+        one = None if one_process is None else one_process.runs.get(plan.name)
+        if one_process is not None:
+            if one is None:
+                status, extra["error"] = "fail", f"{plan.name} did not run on {ms.text} in one process"
+            else:
+                vs = compare_bitwise(run.grads, one.grads)
+                same = vs.equal and compare_bitwise(run.trained, one.trained).equal and \
+                    run.loss.tobytes() == one.loss.tobytes()
+                extra = {"one_process_bitwise": same, "one_process_max_ulp": vs.max_ulp}
+                if not same:
+                    extra["one_process_exception"], facts[plan.name] = one_process_exception(
+                        run, one, probe or {}, one_process.probe or {}, cfg.dtype)
+                    if extra["one_process_exception"] is None:
+                        status = "fail"
         path = None
         if plan.name == "none" and grads_path is not None:
             save_file({k: np.ascontiguousarray(v) for k, v in run.grads.items()}, str(grads_path))
             path = str(grads_path)
         rows.append(DistributedRow(
-            "jax", ms.text, layout, ms.size, 1, plan.name, status, loss=float(run.loss), grads_bitwise=g.equal,
+            "jax", ms.text, layout, ms.size, processes, plan.name, status, loss=float(run.loss), grads_bitwise=g.equal,
             weights_bitwise=w.equal, max_ulp=max(g.max_ulp, w.max_ulp), exception=exception, reference=REFERENCE,
             reference_ok=bool(ref_ok), reference_err=0.0 if ref.equal else float(ref_err), memory=run.memory,
-            grads_file=path))
+            grads_file=path, **extra))
     full_err = None if base is None else float(max_rel_err(base.grads, full_grads))
     ref_bitwise = None if base is None else compare_bitwise(base.grads, ref_grads).equal
-    return MeshReport(ms.text, layout, rows, full_err, ref_bitwise, collectives, loops)
+    return MeshReport(ms.text, layout, rows, full_err, ref_bitwise, collectives, loops, processes=processes,
+                      probe=probe, one_process=facts, runs=kept)

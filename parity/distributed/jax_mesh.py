@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from jaxremat import sharding as shd
 from jaxremat.memory import compiled_stats, device_peak_bytes, gpu_available
@@ -105,6 +106,29 @@ def _adamw_program(hparams: AdamWConfig, mesh, spec: str, cfg):
     return jax.jit(apply, in_shardings=(p_sh, o_sh, p_sh), out_shardings=(p_sh, o_sh)), o_sh
 
 
+def global_array(x: np.ndarray, sharding) -> jax.Array:
+    """``x`` (the same full host array in every process) as a global array laid out by ``sharding``.
+
+    Each process fills only its addressable shards (``jax.make_array_from_callback``), so this works
+    in one process and in several (``jax.distributed.initialize``) alike; in one process it equals
+    ``jax.device_put(x, sharding)`` byte for byte.
+    """
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def host_copy(x: jax.Array) -> np.ndarray:
+    """The full value of ``x`` as a host numpy array, in every process.
+
+    A fully addressable array is copied; one spread over several processes is gathered whole with
+    ``jax.experimental.multihost_utils.process_allgather(x, tiled=True)`` (a copy: no arithmetic, the
+    bits unchanged).
+    """
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def run_plan(cfg, params_np: dict, tokens_np: np.ndarray, plan: RematPlan, spec: str, mesh, hparams: AdamWConfig,
              predicted: dict[str, int] | None = None, carry_sharding: bool = True) -> MeshRun:
     """Run ``plan`` on ``mesh``: loss, gradients, ``hparams.steps`` AdamW steps, memory per device.
@@ -119,11 +143,15 @@ def run_plan(cfg, params_np: dict, tokens_np: np.ndarray, plan: RematPlan, spec:
         hparams: AdamW settings; ``steps`` training steps.
         predicted: the memory prediction to store beside the measurement.
         carry_sharding: pin the residual stream at block boundaries (default; see :func:`compile_step`).
+
+    The same code runs in each of several processes over one global mesh
+    (:mod:`parity.distributed.jax_multiprocess`): every process passes the same full host arrays and
+    gets the full results back (:func:`global_array`, :func:`host_copy`).
     """
     shapes = param_shapes(cfg)
     p_sh = shd.param_shardings(mesh, spec, shapes)
-    params = {k: jax.device_put(np.asarray(v), p_sh[k]) for k, v in params_np.items()}
-    tokens = jax.device_put(np.asarray(tokens_np, np.int32), shd.batch_sharding(mesh, spec))
+    params = {k: global_array(v, p_sh[k]) for k, v in params_np.items()}
+    tokens = global_array(np.asarray(tokens_np, np.int32), shd.batch_sharding(mesh, spec))
     compiled = compile_step(cfg, plan, mesh, spec, tokens.shape, carry_sharding)
     loss, grads = jax.block_until_ready(compiled(params, tokens))
     apply, o_sh = _adamw_program(hparams, mesh, spec, cfg)
@@ -135,8 +163,8 @@ def run_plan(cfg, params_np: dict, tokens_np: np.ndarray, plan: RematPlan, spec:
         _, g = compiled(p, tokens)
         p, state = apply(g, state, p)
     jax.block_until_ready(p)
-    return MeshRun(np.asarray(loss), {k: np.asarray(v) for k, v in grads.items()},
-                   {k: np.asarray(v) for k, v in p.items()}, memory, compiled.as_text())
+    return MeshRun(host_copy(loss), {k: host_copy(v) for k, v in grads.items()},
+                   {k: host_copy(v) for k, v in p.items()}, memory, compiled.as_text())
 
 
 def device_memory(compiled, params, grads, opt_state, predicted: dict[str, int], device_step=None) -> DeviceMemory:
@@ -189,6 +217,33 @@ def mean_of_shard_grads(cfg, params_np: dict, tokens_np: np.ndarray, plan: Remat
             acc = acc + g[k]
         out[k] = (acc / np.asarray(shards, acc.dtype)).astype(acc.dtype)
     return out
+
+
+_SOURCE_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def hlo_program(hlo: str) -> str:
+    """An optimized HLO text without its source information: the program two compilations can share.
+
+    Drops the tables of Python source locations (``FileNames`` .. ``StackFrames``) and every
+    ``metadata={...}`` (``op_name``, source file and line), which name the script that traced the
+    program, and on loop fusions (``kind=kLoop``: every output element computed alone) XLA:CPU's
+    ``outer_dimension_partitions``, how many threads share the loop (measured: ``["4"]`` in a process
+    of 4 devices, ``["2"]`` in one of 2, for the same fusion); what is left (ops, shapes, shardings,
+    fusions, schedule) is equal for equal programs.
+    """
+    out, skipping = [], False
+    for line in hlo.splitlines():
+        if line in _SOURCE_TABLES:
+            skipping = True
+        elif skipping and not line:
+            skipping = False
+        elif not skipping:
+            line = re.sub(r", metadata=\{[^}]*\}", "", line)
+            if "kind=kLoop" in line:
+                line = re.sub(r', backend_config=\{"outer_dimension_partitions":\[[^\]]*\]\}', "", line)
+            out.append(line)
+    return "\n".join(out)
 
 
 def count_collectives(hlo: str) -> dict[str, int]:

@@ -5,7 +5,10 @@ sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (added to any flags 
 importing JAX. The flag only shapes the CPU backend; on a GPU machine JAX uses the real devices.
 Each mesh is checked by :func:`parity.distributed.jax_checks.check_mesh`; the worker writes
 ``jax_rows.json`` (the meshes' :class:`parity.distributed.jax_checks.MeshReport` s) and one
-safetensors file of ``none``'s gradients per mesh into ``--out``.
+safetensors file of ``none``'s gradients per mesh into ``--out``. With ``--processes P`` (> 1) each
+mesh runs a second time spread over P processes (:func:`parity.distributed.jax_multiprocess.run_processes`,
+files under ``--out/jax_<mesh>_processesP``), checked within itself and against the one-process run;
+its section follows the mesh's.
 
 Exit codes: 0 the rows were written (pass or fail is in them); 2 bad input (one line on stderr): a
 ``--devices`` below 1, a ``--model`` outside the GPT family (:func:`distributed_preset`), a bad plan
@@ -28,6 +31,8 @@ from pathlib import Path
 from jaxremat.models import get_model
 from jaxremat.spec.grammar import split_top
 from jaxremat.spec.plan import parse_plan
+from parity.distributed.jax_multiprocess import ProcessesError, collective_probe, run_processes
+from parity.distributed.result import DistributedRow
 from parity.inputs.model_preset import ModelPreset
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.presets import PRESETS, get_preset
@@ -52,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", default=",".join(DEFAULT_PLANS),
                    help="','-separated plans; none runs first whether listed or not")
     p.add_argument("--model", default="gpt-small", help="model preset (default gpt-small)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="also run each mesh spread over this many processes (jax.distributed over 127.0.0.1, "
+                   "gloo CPU collectives) and check it against the one-process run (default 1: one process only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory")
     return p
@@ -122,11 +130,51 @@ def check_out_dir(text) -> Path:
     return out
 
 
+def check_processes(mesh: str, processes: int) -> None:
+    """Refuse a ``--processes`` that does not split mesh ``mesh``'s devices evenly (each process needs its share).
+
+    Raises:
+        ValueError: ``processes`` > 1 does not divide the mesh's device count; the message says which do.
+    """
+    from jaxremat.sharding import parse_mesh
+
+    size = parse_mesh(mesh).size
+    if processes > 1 and size % processes:
+        fits = [p for p in range(2, size + 1) if size % p == 0]
+        raise ValueError(f"--processes {processes} does not divide mesh {mesh}'s {size} devices (each process takes "
+                         f"an equal share); pass --processes {' or '.join(map(str, fits)) or 1} or another --mesh")
+
+
+def processes_dir_name(mesh: str, processes: int) -> str:
+    """Directory of a mesh's multi-process runs, e.g. ``jax_fsdp4_processes2``."""
+    return "jax_" + mesh.replace("=", "").replace(",", "_") + f"_processes{processes}"
+
+
+def _check_processes_mesh(model, cfg, params, tokens, mesh, plans, hparams, args, out, one):
+    """Mesh ``mesh`` over ``args.processes`` processes, checked within itself and against ``one`` (its one-process report)."""
+    from jaxremat import sharding as shd
+    from parity.distributed.jax_checks import MeshReport, check_mesh
+
+    ms = shd.parse_mesh(mesh)
+    one.probe = collective_probe(shd.make_mesh(ms))
+    try:
+        runs = run_processes(model, ms.text, plans, args.processes, out / processes_dir_name(ms.text, args.processes),
+                             seed=args.seed)
+    except ProcessesError as exc:  # recorded as the mesh's rows; the other meshes go on
+        rows = [DistributedRow("jax", ms.text, shd.layout_of(ms), ms.size, args.processes, name, "error",
+                               error=str(exc)) for name in dict.fromkeys(["none", *plans])]
+        return MeshReport(ms.text, shd.layout_of(ms), rows, None, None, {}, {}, processes=args.processes)
+    return check_mesh(cfg, params, tokens, ms.text, plans, hparams, runs=runs, processes=args.processes,
+                      one_process=one)
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:  # bad input answers in one line before JAX loads
         if args.devices < 1:
             raise ValueError(f"--devices must be >= 1, got {args.devices}")
+        if args.processes < 1:
+            raise ValueError(f"--processes must be >= 1, got {args.processes}")
         preset = distributed_preset(args.model)
         plans = check_plans(args.schedules, preset.config.n_layer)
         out = check_out_dir(args.out)
@@ -145,11 +193,17 @@ def main(argv=None) -> int:
         for m in meshes:  # every mesh checked before any work starts
             shd.check_divides(m, cfg, tokens.shape[0])
             shd.make_mesh(m)
+            check_processes(m, args.processes)
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
     hparams = preset.hparams or AdamWConfig()
-    reports = [check_mesh(cfg, params, tokens, m, plans, hparams, out / grads_file_name(m)) for m in meshes]
+    reports = []
+    for m in meshes:
+        reports.append(check_mesh(cfg, params, tokens, m, plans, hparams, out / grads_file_name(m)))
+        if args.processes > 1:
+            reports.append(_check_processes_mesh(preset.name, cfg, params, tokens, m, plans, hparams, args, out,
+                                                 reports[-1]))
     (out / ROWS_FILE).write_text(json.dumps({"model": preset.name, "devices": args.devices,
                                              "meshes": [r.to_json() for r in reports]}, indent=1))
     return 0

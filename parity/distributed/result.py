@@ -48,7 +48,8 @@ class DistributedRow:
         mesh: the mesh as the CLI spells it, e.g. ``"data=2"``, ``"fsdp=2"``, ``"data=2,model=2"``.
         layout: ``"data_parallel"``, ``"fully_sharded"`` or ``"tensor_parallel"``.
         devices: devices (JAX) or ranks (PyTorch) taking part.
-        processes: OS processes taking part (1 for simulated JAX host devices).
+        processes: OS processes taking part (JAX: 1 for simulated host devices in one process, P for a mesh
+            spread over P processes; PyTorch: the ranks).
         schedule: the plan's name (:func:`jaxremat.spec.parse_plan` reads it back).
         status: ``"pass"``, ``"fail"`` or ``"error"``.
         loss: first step's loss (None on error).
@@ -65,6 +66,11 @@ class DistributedRow:
         grads_file: safetensors file of this row's gradients (canonical names, full unsharded
             arrays), for the cross-framework comparison; None where not written.
         error: the error message when ``status == "error"``.
+        one_process_bitwise: rows of a mesh spread over several processes: loss, gradients and trained
+            weights equal byte for byte to the same plan on the same mesh in one process; None elsewhere.
+        one_process_max_ulp: largest ULP distance of a gradient to that one-process run; None elsewhere.
+        one_process_exception: id of the documented exception when ``one_process_bitwise`` is False
+            (``collective-summation-order``), None otherwise; a row not bitwise without one fails.
     """
 
     framework: str
@@ -85,6 +91,9 @@ class DistributedRow:
     memory: DeviceMemory | None = None
     grads_file: str | None = None
     error: str | None = None
+    one_process_bitwise: bool | None = None
+    one_process_max_ulp: int | None = None
+    one_process_exception: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The row as a JSON-ready dict (``memory`` nested)."""

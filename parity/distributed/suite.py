@@ -38,15 +38,18 @@ class WorkerError(RuntimeError):
 
 
 def run_jax_worker(model: str, devices: int, meshes: tuple[str, ...], plans: tuple[str, ...], out_dir: Path,
-                   seed: int = 0) -> dict:
+                   seed: int = 0, processes: int = 1) -> dict:
     """Run the JAX worker in a fresh process and return its ``jax_rows.json`` object.
+
+    ``processes`` > 1 also runs each mesh spread over that many processes (the worker's ``--processes``).
 
     Raises:
         ValueError: the worker refused its input (exit 2: a mesh that does not divide the devices or the model).
         WorkerError: the worker failed otherwise.
     """
     cmd = [sys.executable, "-m", "parity.distributed.jax_worker", "--devices", str(devices), "--model", model,
-           "--meshes", ";".join(meshes), "--schedules", ",".join(plans), "--seed", str(seed), "--out", str(out_dir)]
+           "--meshes", ";".join(meshes), "--schedules", ",".join(plans), "--seed", str(seed), "--processes", str(processes),
+           "--out", str(out_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     last = (proc.stderr.strip().splitlines() or [""])[-1]
     if proc.returncode == 2:
@@ -93,7 +96,7 @@ def _cross(jax_rows: list[dict], torch_rows: list[DistributedRow], cfg, params, 
 
 def run_distributed(preset, out_dir: Path, *, devices: int = 4, meshes: tuple[str, ...] = DEFAULT_MESHES,
                     plans: tuple[str, ...] = DEFAULT_PLANS, frameworks: tuple[str, ...] = ("jax", "torch"),
-                    seed: int = 0, hparams=None, note=print) -> dict:
+                    seed: int = 0, hparams=None, note=print, processes: int = 1) -> dict:
     """Run the distributed suite and return the report object (module docstring).
 
     Args:
@@ -106,6 +109,8 @@ def run_distributed(preset, out_dir: Path, *, devices: int = 4, meshes: tuple[st
         seed: weights and tokens seed.
         hparams: AdamW settings recorded in the report.
         note: called with a one-line message (the PyTorch half missing).
+        processes: > 1 also runs each JAX mesh spread over that many processes
+            (:mod:`parity.distributed.jax_multiprocess`), in a section of its own after the mesh's.
 
     Raises:
         ValueError: a mesh does not divide the devices or the model (one line).
@@ -117,10 +122,10 @@ def run_distributed(preset, out_dir: Path, *, devices: int = 4, meshes: tuple[st
               "config": dataclasses.asdict(cfg), "batch_size": preset.batch_size, "seq_len": preset.seq_len,
               "hparams": dataclasses.asdict(hparams or AdamWConfig()), "seed": seed,
               "cases": [], "cross_framework": [],
-              "distributed": {"devices": devices, "meshes": [], "torch_status": None}}
+              "distributed": {"devices": devices, "processes": processes, "meshes": [], "torch_status": None}}
     jax_rows: list[dict] = []
     if "jax" in frameworks:
-        jax_out = run_jax_worker(preset.name, devices, meshes, plans, work, seed)
+        jax_out = run_jax_worker(preset.name, devices, meshes, plans, work, seed, processes)
         for m in jax_out["meshes"]:
             report["distributed"]["meshes"].append({"framework": "jax", **m})
             jax_rows += m["rows"]

@@ -12,6 +12,35 @@ MESH_COLUMNS = ("plan", "status", "grads bitwise", "weights bitwise", "max ULP",
                 "params/dev", "pred", "grads/dev", "opt/dev", "act/dev", "act pred", "act/none", "peak/dev")
 
 
+PROCESS_COLUMNS = ("vs 1 process", "1-proc ULP", "1-proc exception")
+"""Columns added for a mesh spread over several processes: each plan against the same mesh in one process."""
+
+
+def columns(section: dict) -> tuple[str, ...]:
+    """The columns of one mesh section: :data:`MESH_COLUMNS`, plus :data:`PROCESS_COLUMNS` for several processes."""
+    return MESH_COLUMNS + (PROCESS_COLUMNS if section.get("processes", 1) > 1 else ())
+
+
+def title(section: dict) -> str:
+    """A mesh section's title, e.g. ``jax fsdp=4 (fully_sharded), 2 processes``."""
+    p = section.get("processes", 1)
+    return (f"{section['framework']} {section['mesh']} ({section['layout']})"
+            + (f", {p} processes" if section["framework"] == "jax" and p > 1 else ""))
+
+
+def probe_line(section: dict) -> str | None:
+    """The collective probe of a multi-process section in words (None without one)."""
+    probe = section.get("probe")
+    if not probe or section.get("processes", 1) == 1:
+        return None
+    parts = []
+    for axis, p in probe.items():
+        orders = ", ".join("?" if o is None else "(" + "+".join(f"x{i}" for i in o) + ")" for o in p["orders"])
+        parts.append(f"`{axis}`: {p['device_order']:.0%} of elements summed in device order; per chunk {orders}")
+    return ("Collective probe (psum of 1024 float32 per device over each axis, measured in these processes; "
+            "docs/sharding.md, 'Several processes'): " + "; ".join(parts) + ".")
+
+
 def _mib(n) -> str:
     return "-" if n is None else f"{n / 2**20:.2f} MiB"
 
@@ -21,7 +50,7 @@ def _bit(x) -> str:
 
 
 def mesh_rows(section: dict) -> list[list[str]]:
-    """One mesh section's rows as display strings, in :data:`MESH_COLUMNS` order."""
+    """One mesh section's rows as display strings, in :func:`columns` order."""
     rows = section["rows"]
     none_act = next((r["memory"]["activation_bytes"] for r in rows if r["schedule"] == "none" and r.get("memory")), None)
     out = []
@@ -36,6 +65,10 @@ def mesh_rows(section: dict) -> list[list[str]]:
                     "-" if err is None else f"{err:.1e}", _mib(m.get("params_bytes")), _mib(pred.get("params_bytes")),
                     _mib(m.get("grads_bytes")), _mib(m.get("opt_state_bytes")), _mib(act),
                     _mib(pred.get("activation_bytes")), ratio, _mib(m.get("peak_bytes"))])
+        if section.get("processes", 1) > 1:
+            ulp = r.get("one_process_max_ulp")
+            out[-1] += [_bit(r.get("one_process_bitwise")), "-" if ulp is None else str(ulp),
+                        r.get("one_process_exception") or "-"]
     return out
 
 
@@ -62,21 +95,30 @@ def markdown_sections(report: dict) -> list[str]:
              "shards (tensor parallel: times Korthikanti et al.'s ratio) plus the per-layer collective buffers "
              "(fully sharded: one layer gathered whole and its whole gradient; data parallel: one layer's gradient "
              "all-reduce). docs/sharding.md explains each column.", ""]
+    if d.get("processes", 1) > 1:
+        parts += [f"Each JAX mesh also ran spread over {d['processes']} processes (`jax.distributed.initialize` over "
+                  "127.0.0.1, CPU collectives over gloo; the path that spans hosts): its section checks each plan "
+                  "against `none` of the same processes and, in `vs 1 process`, against the same plan on the same "
+                  "mesh in one process, byte for byte.", ""]
     if d.get("torch_status") and d["torch_status"] != "ran":
         parts += [f"PyTorch: {d['torch_status']}", ""]
     for m in d["meshes"]:
-        parts += [f"### {m['framework']} {m['mesh']} ({m['layout']})", "", _md_table(MESH_COLUMNS, mesh_rows(m)), ""]
+        parts += [f"### {title(m)}", "", _md_table(columns(m), mesh_rows(m)), ""]
+        if probe_line(m):
+            parts += [probe_line(m), ""]
         if m.get("full_batch_err") is not None:
             parts += [f"Full-batch single-device gradient vs this mesh's `none`: max rel err {m['full_batch_err']:.2e} "
                       f"(summation order; not the reference). Mean-of-shards reference bitwise: "
                       f"{_bit(m.get('reference_bitwise'))}.", ""]
-    exc = sorted({(r["framework"], r["mesh"], r["schedule"], r["exception"]) for m in d["meshes"] for r in m["rows"]
-                  if r.get("exception")})
+    exc = sorted({(title(m), r["schedule"], e) for m in d["meshes"] for r in m["rows"]
+                  for e in (r.get("exception"), r.get("one_process_exception")) if e})
     if exc:
         parts += ["Exceptions (not bitwise, measured and explained in docs/sharding.md):", ""]
-        parts += [f"- {f} {mesh} {s}: `{e}`" for f, mesh, s, e in exc] + [""]
+        parts += [f"- {t} {s}: `{e}`" for t, s, e in exc] + [""]
     errors = [r for m in d["meshes"] for r in m["rows"] if r["status"] == "error"]
     parts += [f"- error {r['framework']} {r['mesh']} {r['schedule']}: `{r['error']}`" for r in errors]
+    failed = [(title(m), r["schedule"]) for m in d["meshes"] for r in m["rows"] if r["status"] == "fail"]
+    parts += [f"- failed {t} {s}" for t, s in failed]
     return parts
 
 
@@ -84,8 +126,8 @@ def print_mesh_tables(report: dict, console) -> None:
     """Print one rich table per mesh."""
 
     for m in report["distributed"]["meshes"]:
-        t = Table(title=Text(f"{m['framework']} {m['mesh']} ({m['layout']})"))
-        for col in MESH_COLUMNS:
+        t = Table(title=Text(title(m)))
+        for col in columns(m):
             t.add_column(col)
         for r, row in zip(m["rows"], mesh_rows(m)):
             t.add_row(*map(Text, row), style=None if r["status"] == "pass" else "red")

@@ -5,8 +5,11 @@ the plan is bitwise against ``none`` on the mesh, and ``none`` holds the single-
 (the mean of the per-shard gradients) within its stated bound. ``full`` on a fully sharded mesh is
 the case that needs the residual stream pinned at block boundaries (``carry_sharding``): left to
 XLA's sharding propagation it is 1.47e9 ULP from ``none`` (docs/sharding.md;
-``python -m parity.distributed.explain --mesh fsdp=2 --no-carry-sharding``). One worker process
-serves every test (module-scope fixture).
+``python -m parity.distributed.explain --mesh fsdp=2 --no-carry-sharding``). With
+``--processes 2`` the worker also runs the mesh spread over two processes (``jax.distributed`` over
+127.0.0.1, gloo CPU collectives, one device each): both plans bitwise against ``none`` there and
+against the one-process mesh (an all-reduce of two operands sums alike in either order). One worker
+run serves every test (module-scope fixture).
 """
 
 from __future__ import annotations
@@ -34,15 +37,16 @@ TINY = TransformerConfig(vocab_size=256, n_layer=4, d_model=32, n_head=2, d_ff=6
 def worker_rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("jax-worker")
     cmd = [sys.executable, "-m", "parity.distributed.jax_worker", "--devices", "2", "--model", "gpt-small",
-           "--meshes", "fsdp=2", "--schedules", "none,full", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+           "--meshes", "fsdp=2", "--schedules", "none,full", "--processes", "2", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((out / ROWS_FILE).read_text())
-    return out, data["meshes"][0]
+    assert [m["processes"] for m in data["meshes"]] == [1, 2]
+    return out, data["meshes"][0], data["meshes"][1]
 
 
 def test_worker_plan_bitwise_against_none_on_mesh(worker_rows):
-    _, mesh = worker_rows
+    _, mesh, _ = worker_rows
     rows = {r["schedule"]: r for r in mesh["rows"]}
     assert mesh["mesh"] == "fsdp=2" and mesh["layout"] == "fully_sharded"
     assert list(rows) == ["none", "full"]
@@ -58,13 +62,32 @@ def test_worker_plan_bitwise_against_none_on_mesh(worker_rows):
 
 
 def test_worker_single_vs_multi_reference(worker_rows):
-    out, mesh = worker_rows
+    out, mesh, _ = worker_rows
     none = mesh["rows"][0]
     assert none["reference_ok"] is True
     assert none["reference_err"] <= REFERENCE_EPS * EPS["float32"]
     # the full-batch single-device gradient is the wrong reference: it is measured, and further off
     assert mesh["full_batch_err"] > 0
     assert (out / grads_file_name("fsdp=2")).is_file() and none["grads_file"]
+
+
+def test_worker_two_processes_bitwise_against_none_and_one_process(worker_rows):
+    out, one, two = worker_rows
+    assert two["mesh"] == "fsdp=2" and two["layout"] == "fully_sharded"
+    rows = {r["schedule"]: r for r in two["rows"]}
+    assert list(rows) == ["none", "full"]
+    for r in rows.values():
+        assert r["status"] == "pass" and r["processes"] == 2 and r["devices"] == 2, r
+        assert r["grads_bitwise"] is True and r["weights_bitwise"] is True and r["max_ulp"] == 0
+        assert r["one_process_bitwise"] is True and r["one_process_max_ulp"] == 0
+        assert r["one_process_exception"] is None and r["reference_ok"] is True
+    # the same per-device compiled memory as in one process: the program is the same
+    assert [r["memory"]["activation_bytes"] for r in two["rows"]] == [r["memory"]["activation_bytes"]
+                                                                      for r in one["rows"]]
+    # the probe, measured in both: two operands, one order
+    assert two["probe"]["fsdp"]["orders"] == [[0, 1], [0, 1]] and two["probe"] == one["probe"]
+    logs = sorted(p.name for p in (out / jax_worker.processes_dir_name("fsdp=2", 2)).glob("process-*.log"))
+    assert logs == ["process-0.log", "process-1.log"]
 
 
 def test_mesh_does_not_divide_devices():
@@ -103,6 +126,10 @@ def test_bad_mesh_spec():
                                                     "--devices 6"),
     (["--model", "minilm-l6"], "supports the GPT family presets (gpt-small, gpt-tiny); --model minilm-l6 (arch bert: "
                                "BERT-style post-LayerNorm encoder"),
+    (["--processes", "3"], "--processes 3 does not divide mesh data=2's 2 devices (each process takes an equal "
+                           "share); pass --processes 2 or another --mesh"),
+    (["--processes", "0"], "--processes must be >= 1, got 0"),
+    (["--processes", "2", "--frameworks", "torch"], "add jax to --frameworks or drop --processes"),
 ])
 def test_cli_bad_distributed_options_exit_2_before_any_work(extra, what, tmp_path, capsys):
     rc = main(["run", "--suite", "distributed", *extra, "--out", str(tmp_path / "r"), "--no-progress"])
@@ -114,7 +141,7 @@ def test_cli_bad_distributed_options_exit_2_before_any_work(extra, what, tmp_pat
     (["--schedules", "nope"], "--schedules: unknown schedule 'nope'"), (["--schedules", ""], "--schedules is empty"),
     (["--schedules", "none,,full"], "has an empty item"), (["--schedules", "plan(3,5)"], "n_layer=4"),
     (["--model", "minilm-l6"], "is not supported there; pass --model gpt-small"),
-    (["--devices", "0"], "--devices must be >= 1"),
+    (["--devices", "0"], "--devices must be >= 1"), (["--processes", "0"], "--processes must be >= 1"),
 ])
 def test_worker_bad_input_is_one_line_before_jax(extra, what, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
