@@ -80,8 +80,8 @@ def _options(args):
         check_divides(ms, cfg, preset.batch_size)
         check_processes(ms.text, processes)
     canonical = [ms.text for ms in specs]
-    plans = DEFAULT_PLANS if args.schedules is None else tuple(cc.unique_items("--schedules", args.schedules))
-    plans = check_plans(plans, cfg.n_layer)  # a bad plan is bad input (exit 2), found before any worker starts
+    # a bad plan is bad input (exit 2), found before any worker starts
+    plans = check_plans(DEFAULT_PLANS if args.schedules is None else args.schedules, cfg.n_layer)
     frameworks = tuple(cc.unique_items("--frameworks", args.frameworks))
     bad = [f for f in frameworks if f not in ("jax", "torch")]
     if bad:

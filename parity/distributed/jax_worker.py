@@ -29,14 +29,15 @@ import sys
 from pathlib import Path
 
 from jaxremat.models import get_model
-from jaxremat.spec.grammar import split_top
 from jaxremat.spec.plan import parse_plan
+from parity.cli.checks import out_path, unique_items
 from parity.distributed.jax_multiprocess import ProcessesError, collective_probe, run_processes
 from parity.distributed.result import DistributedRow
 from parity.inputs.model_preset import ModelPreset
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.train import AdamWConfig
+from parity.report.suite_report import OutputDirError, writable_dir
 
 ROWS_FILE = "jax_rows.json"
 
@@ -87,47 +88,36 @@ def check_plans(plans, n_layer: int) -> tuple[str, ...]:
 
     Each name is parsed by :func:`jaxremat.spec.plan.parse_plan` and its segments built for
     ``n_layer`` (``RematPlan.segments_for``); ``none`` need not be listed (the worker runs it first).
+    The list itself is checked as every comma-separated option is (:func:`parity.cli.checks.unique_items`).
 
     Raises:
         ValueError: an empty list or item, a plan listed twice (two spellings of one plan count
             twice), or a bad plan (parse_plan's message: the valid schedule and policy names).
     """
-    items = tuple(s.strip() for s in (split_top(plans, ",") if isinstance(plans, str) else plans))
-    if not items or not any(items):
-        raise ValueError("--schedules is empty; give plans such as none,full,every_k(2)")
-    if not all(items):
-        raise ValueError(f"--schedules {','.join(items)!r} has an empty item; separate plans by single commas")
-    names = []
-    for item in items:
+    def name(item: str) -> str:
         try:
             plan = parse_plan(item)
             plan.segments_for(n_layer)
         except ValueError as exc:
             raise ValueError(f"--schedules: {exc}") from None
-        if plan.name in names:
-            raise ValueError(f"--schedules: '{item}' is '{items[names.index(plan.name)]}' listed twice; list each once")
-        names.append(plan.name)
-    return items
+        return plan.name
+
+    return unique_items("--schedules", plans if isinstance(plans, str) else ",".join(plans), canonical=name)
 
 
 def check_out_dir(text) -> Path:
     """``--out`` as a directory that exists (created here with its parents) and can be written.
 
+    The same checks and messages as every command's ``--out`` (:func:`parity.cli.checks.out_path`,
+    :func:`parity.report.suite_report.writable_dir`).
+
     Raises:
         ValueError: ``text`` is empty, names an existing file, or the directory cannot be created or written.
     """
-    if not str(text).strip():
-        raise ValueError("--out is empty; give a directory, e.g. --out jax-rows")
-    out = Path(text)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory; pass another --out")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"cannot write to --out {out}: {exc.strerror or exc}; pass a writable --out") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ValueError(f"cannot write to --out {out}: permission denied; pass a writable --out")
-    return out
+        return writable_dir(out_path("--out", text))
+    except OutputDirError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def check_processes(mesh: str, processes: int) -> None:

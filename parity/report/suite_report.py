@@ -40,11 +40,11 @@ class OutputDirError(Exception):
     """The output directory cannot be used (not a directory, not writable)."""
 
 
-def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_FILES) -> str | None:
-    """Create ``out`` if needed and keep a previous report (``files``); return a message about what was kept.
+def writable_dir(out: Path) -> Path:
+    """``out`` as a directory that exists (created with its parents) and can be written (a file is made and removed).
 
     Raises:
-        OutputDirError: ``out`` exists and is not a directory, or cannot be written.
+        OutputDirError: ``out`` exists and is not a directory, or cannot be created or written.
     """
     try:
         if out.exists() and not out.is_dir():
@@ -54,6 +54,17 @@ def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_
         probe.close()
     except OSError as exc:
         raise OutputDirError(f"cannot write to output directory {out}: {exc.strerror or exc}; pass a writable --out") from None
+    return out
+
+
+def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_FILES) -> str | None:
+    """Create ``out`` if needed (:func:`writable_dir`) and keep a previous report (``files``); return a message
+    about what was kept.
+
+    Raises:
+        OutputDirError: ``out`` exists and is not a directory, or cannot be written.
+    """
+    writable_dir(out)
     existing = [f for f in files if (out / f).exists()]
     if not existing or overwrite:
         return None

@@ -139,7 +139,7 @@ def test_cli_bad_distributed_options_exit_2_before_any_work(extra, what, tmp_pat
 
 @pytest.mark.parametrize("extra, what", [
     (["--schedules", "nope"], "--schedules: unknown schedule 'nope'"), (["--schedules", ""], "--schedules is empty"),
-    (["--schedules", "none,,full"], "has an empty item"), (["--schedules", "plan(3,5)"], "n_layer=4"),
+    (["--schedules", "none,,full"], "empty item in the list 'none,,full'"), (["--schedules", "plan(3,5)"], "n_layer=4"),
     (["--model", "minilm-l6"], "is not supported there; pass --model gpt-small"),
     (["--devices", "0"], "--devices must be >= 1"), (["--processes", "0"], "--processes must be >= 1"),
 ])
@@ -152,7 +152,7 @@ def test_worker_bad_input_is_one_line_before_jax(extra, what, tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("where, what", [("file", "exists and is not a directory; pass another --out"),
-                                         ("file/sub", "cannot write to --out"), ("  ", "--out is empty")])
+                                         ("file/sub", "cannot write to output directory"), ("  ", "--out is empty")])
 def test_worker_bad_out_is_one_line_before_jax(where, what, tmp_path, capsys, monkeypatch):
     (tmp_path / "file").write_text("mine")
     monkeypatch.setenv("XLA_FLAGS", "")
