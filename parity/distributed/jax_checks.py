@@ -139,7 +139,7 @@ def one_process_exception(run, one, probe, one_probe, dtype) -> tuple[str | None
     three measurements)``.
     """
     same_hlo = jm.hlo_program(run.hlo) == jm.hlo_program(one.hlo)
-    probes_differ = any(probe.get(a, {}).get("bits") != p["bits"] for a, p in one_probe.items())
+    probes_differ = any(a in probe and probe[a]["bits"] != p["bits"] for a, p in one_probe.items())  # measured in both
     err = float(max_rel_err(run.grads, one.grads))
     facts = {"same_hlo": same_hlo, "probes_differ": probes_differ, "max_rel_err": err,
              "bound": REFERENCE_EPS * EPS[dtype]}

@@ -106,6 +106,14 @@ def test_collective_summation_order_needs_all_three_measurements(hlo_same, probe
     assert facts["bound"] == REFERENCE_EPS * eps
 
 
+def test_collective_summation_order_needs_the_probe_measured_in_both():
+    one = _run([1.0, 1.0])
+    mine = _run([1.0, 1.0 + float(np.finfo(np.float32).eps)], hlo=one.hlo)
+    for probe_mine, probe_one in [({}, {"fsdp": {"bits": "a"}}), ({"fsdp": {"bits": "b"}}, {})]:
+        exc, facts = one_process_exception(mine, one, probe_mine, probe_one, "float32")
+        assert exc is None and facts["probes_differ"] is False
+
+
 def test_check_processes_names_the_counts_that_fit():
     check_processes("fsdp=4", 2)
     check_processes("fsdp=4", 1)
