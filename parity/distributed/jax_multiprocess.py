@@ -33,6 +33,7 @@ from __future__ import annotations
 # is set from the local device count, so they are imported inside process_main().
 
 import argparse
+import ctypes
 import dataclasses
 import hashlib
 import itertools
@@ -67,6 +68,25 @@ DEFAULT_TIMEOUT_S = 900
 
 class ProcessesError(RuntimeError):
     """A process of :func:`run_processes` failed or timed out; the message names it and its last log line."""
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its launcher dies (``prctl(PR_SET_PDEATHSIG)``); a no-op elsewhere.
+
+    Called by each process of :func:`run_processes` first thing in :func:`process_main` (after exec, not
+    as a ``preexec_fn``, which would run Python between fork and exec in a threaded parent), so that a
+    killed launcher leaves no process behind. When the launcher died before the call (the parent is no
+    longer the PID in ``PARITY_LAUNCHER_PID``), the process exits at once.
+    """
+    launcher = os.environ.get("PARITY_LAUNCHER_PID")
+    if not launcher:  # not started by run_processes (e.g. a test calling process_main): leave the process alone
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(launcher):
+        sys.exit(f"the launcher (PID {launcher}) is gone; this process stops")
 
 
 def with_device_count(flags: str, count: int) -> str:
@@ -226,26 +246,38 @@ def load_runs(out: Path) -> dict:
 def process_main(argv=None) -> int:
     """One process: join the coordinator, run every plan on the global mesh, process 0 writes the runs."""
     args = _parser().parse_args(argv)
-    if not 0 <= args.process_id < args.processes or args.local_devices < 1:
-        print(f"--process-id {args.process_id} must be in [0, {args.processes}) and --local-devices "
-              f"{args.local_devices} >= 1", file=sys.stderr)
+    die_with_parent()
+    try:  # bad input answers in one line before JAX starts or joins the coordinator
+        if args.processes < 2:
+            raise ValueError(f"--processes must be >= 2, got {args.processes}")
+        if not 0 <= args.process_id < args.processes:
+            raise ValueError(f"--process-id must be in 0..{args.processes - 1}, got {args.process_id}")
+        if args.local_devices < 1:
+            raise ValueError(f"--local-devices must be >= 1, got {args.local_devices}")
+        preset = get_preset(args.model)  # the caller chose a distributed preset (jax_worker.distributed_preset)
+        names = plan_runs(split_top(args.schedules, ",")) if args.schedules.strip() else []
+        os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), args.local_devices)
+        from jaxremat import sharding as shd  # imports JAX (no backend yet: XLA_FLAGS is read when one starts)
+
+        ms = shd.parse_mesh(args.mesh)
+        if ms.size != args.processes * args.local_devices:
+            raise ValueError(f"--mesh {ms.text} has {ms.size} devices, not --processes {args.processes} x "
+                             f"--local-devices {args.local_devices}")
+        cfg, params, tokens = preset_inputs(preset, "float32", args.seed)
+        shd.check_divides(ms, cfg, tokens.shape[0])
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
         return 2
-    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), args.local_devices)
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(args.coordinator, num_processes=args.processes, process_id=args.process_id)
-    from jaxremat import sharding as shd
     from parity.distributed import jax_mesh as jm
 
-    preset = get_preset(args.model)  # the caller chose a distributed preset (jax_worker.distributed_preset)
-    cfg, params, tokens = preset_inputs(preset, "float32", args.seed)
-    ms = shd.parse_mesh(args.mesh)
-    shd.check_divides(ms, cfg, tokens.shape[0])
     mesh = shd.make_mesh(ms)
     hparams = preset.hparams or AdamWConfig()
     runs: list[tuple[str, object]] = []
-    for name in plan_runs(split_top(args.schedules, ",")) if args.schedules.strip() else ():
+    for name in names:
         try:
             runs.append((name, jm.run_plan(cfg, params, tokens, parse_plan(name), ms.text, mesh, hparams)))
         except Exception as exc:  # recorded; the same program fails alike in every process
@@ -284,7 +316,8 @@ def run_processes(model: str, mesh: str, plans, processes: int, out_dir: Path, *
     out.mkdir(parents=True, exist_ok=True)
     (out / RUNS_FILE).unlink(missing_ok=True)
     port = free_port()
-    env = dict(os.environ, XLA_FLAGS=with_device_count(os.environ.get("XLA_FLAGS", ""), size // processes))
+    env = dict(os.environ, XLA_FLAGS=with_device_count(os.environ.get("XLA_FLAGS", ""), size // processes),
+               PARITY_LAUNCHER_PID=str(os.getpid()))
     procs, logs = [], []
     for i in range(processes):
         log = out / f"process-{i}.log"

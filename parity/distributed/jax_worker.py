@@ -32,7 +32,7 @@ from jaxremat.models import get_model
 from jaxremat.spec.plan import parse_plan
 from parity.cli.checks import out_path, unique_items
 from parity.distributed.jax_multiprocess import ProcessesError, collective_probe, run_processes
-from parity.distributed.result import DistributedRow
+from parity.distributed.result import DistributedRow, grads_file_name
 from parity.inputs.model_preset import ModelPreset
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.presets import PRESETS, get_preset
@@ -43,11 +43,6 @@ ROWS_FILE = "jax_rows.json"
 
 DEFAULT_MESHES = ("data=2", "fsdp=4", "data=2,model=2")
 DEFAULT_PLANS = ("none", "full", "every_k(2)", "sqrt", "every_k(2)+save_qkv_proj")
-
-
-def grads_file_name(mesh: str) -> str:
-    """File name of a mesh's ``none`` gradients, e.g. ``jax_data2_model2_none_grads.safetensors``."""
-    return "jax_" + mesh.replace("=", "").replace(",", "_") + "_none_grads.safetensors"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -190,7 +185,7 @@ def main(argv=None) -> int:
     hparams = preset.hparams or AdamWConfig()
     reports = []
     for m in meshes:
-        reports.append(check_mesh(cfg, params, tokens, m, plans, hparams, out / grads_file_name(m)))
+        reports.append(check_mesh(cfg, params, tokens, m, plans, hparams, out / grads_file_name("jax", m)))
         if args.processes > 1:
             reports.append(_check_processes_mesh(preset.name, cfg, params, tokens, m, plans, hparams, args, out,
                                                  reports[-1]))

@@ -21,7 +21,7 @@ from torchref.model import GPT
 from torchref.render import model_loss
 
 from parity.checks.compare import compare_bitwise
-from parity.distributed.result import DeviceMemory, DistributedRow
+from parity.distributed.result import DeviceMemory, DistributedRow, grads_file_name
 from parity.distributed.torch_memory import predict, rank_memory, single_activation_bytes
 from parity.inputs.presets import get_preset
 from parity.inputs.pretrained import preset_inputs
@@ -170,7 +170,7 @@ class RankRun:
         if plan == "none":
             from safetensors.numpy import save_file
 
-            grads_file = str(Path(out_dir) / f"torch-{mesh.replace('=', '')}-none-grads.safetensors")
+            grads_file = str(Path(out_dir) / grads_file_name("torch", mesh))
             save_file(grads, grads_file)
         ok = g.equal and w.equal and loss_same and ref.equal
         full = self._summary["full_batch_vs_reference"]

@@ -25,8 +25,9 @@ step's per-rank memory measured, :mod:`parity.distributed.torch_memory`). Rank 0
   partial means averaged across ranks).
 
 Files written to ``out_dir``: ``torch_rows.json`` (the rows), ``torch_references.json`` (the
-reference measurements) and ``torch-<mesh>-none-grads.safetensors`` per mesh (``none``'s
-gradients, canonical names of :meth:`torchref.model.GPT.to_params`, full arrays).
+reference measurements) and ``torch_<mesh>_none_grads.safetensors`` per mesh
+(:func:`parity.distributed.result.grads_file_name`; ``none``'s gradients, canonical names of
+:meth:`torchref.model.GPT.to_params`, full arrays).
 
 Example::
 

@@ -41,6 +41,28 @@ def probe_line(section: dict) -> str | None:
             "docs/sharding.md, 'Several processes'): " + "; ".join(parts) + ".")
 
 
+
+def one_process_line(section: dict) -> str | None:
+    """The measurements behind each plan of a multi-process section that is not bitwise against one process.
+
+    Plans with the same measurements share one entry. None when every plan is bitwise (or no facts).
+    """
+    facts = section.get("one_process") or {}
+    if not facts or section.get("processes", 1) == 1:
+        return None
+    groups: dict[str, list[str]] = {}
+    eps = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+    for plan, f in facts.items():
+        b = f.get("bound_eps") or {}
+        bounds = " / ".join("-" if b.get(k) is None else f"{b[k]:g}" for k in ("loss", "grads", "trained"))
+        text = (f"same HLO {_bit(f.get('same_hlo'))}, probes differ {_bit(f.get('probes_differ'))}, "
+                f"loss {eps(f.get('loss_eps'))} eps, gradients {eps(f.get('grads_eps'))} eps, "
+                f"trained weights {eps(f.get('trained_eps'))} eps (bounds {bounds} eps)")
+        groups.setdefault(text, []).append(plan)
+    return ("Against one process, not bitwise (the loss relative to itself, gradients and trained weights "
+            "relative per tensor to its largest entry; exception `collective-summation-order` needs all of these): "
+            + "; ".join(f"{', '.join(f'`{p}`' for p in plans)}: {text}" for text, plans in groups.items()) + ".")
+
 def _mib(n) -> str:
     return "-" if n is None else f"{n / 2**20:.2f} MiB"
 
@@ -106,6 +128,8 @@ def markdown_sections(report: dict) -> list[str]:
         parts += [f"### {title(m)}", "", _md_table(columns(m), mesh_rows(m)), ""]
         if probe_line(m):
             parts += [probe_line(m), ""]
+        if one_process_line(m):
+            parts += [one_process_line(m), ""]
         if m.get("full_batch_err") is not None:
             parts += [f"Full-batch single-device gradient vs this mesh's `none`: max rel err {m['full_batch_err']:.2e} "
                       f"(summation order; not the reference). Mean-of-shards reference bitwise: "

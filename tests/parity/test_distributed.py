@@ -27,7 +27,8 @@ from parity.checks.compare import EPS
 from parity.cli.run import main
 from parity.distributed.jax_checks import REFERENCE_EPS
 from parity.distributed import jax_worker
-from parity.distributed.jax_worker import ROWS_FILE, grads_file_name
+from parity.distributed.jax_worker import ROWS_FILE
+from parity.distributed.result import grads_file_name
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = TransformerConfig(vocab_size=256, n_layer=4, d_model=32, n_head=2, d_ff=64, max_seq_len=16)
@@ -68,7 +69,7 @@ def test_worker_single_vs_multi_reference(worker_rows):
     assert none["reference_err"] <= REFERENCE_EPS * EPS["float32"]
     # the full-batch single-device gradient is the wrong reference: it is measured, and further off
     assert mesh["full_batch_err"] > 0
-    assert (out / grads_file_name("fsdp=2")).is_file() and none["grads_file"]
+    assert (out / grads_file_name("jax", "fsdp=2")).is_file() and none["grads_file"]
 
 
 def test_worker_two_processes_bitwise_against_none_and_one_process(worker_rows):

@@ -10,6 +10,7 @@ process against two processes: gloo's ring order against device order).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from parity.distributed import jax_multiprocess as jmp
-from parity.distributed.jax_checks import REFERENCE_EPS, one_process_exception
+from parity.distributed.jax_checks import REFERENCE_EPS, TRAINED_EPS, one_process_exception
 from parity.distributed.jax_mesh import MeshRun, hlo_program
 from parity.distributed.jax_worker import check_processes
 from parity.distributed.result import DeviceMemory
@@ -92,18 +93,24 @@ def test_runs_files_round_trip(tmp_path):
         jmp.load_runs(tmp_path)
 
 
-@pytest.mark.parametrize("hlo_same, probes_differ, err_eps, granted", [
-    (True, True, 1.0, True), (False, True, 1.0, False), (True, False, 1.0, False), (True, True, 40.0, False)])
-def test_collective_summation_order_needs_all_three_measurements(hlo_same, probes_differ, err_eps, granted):
+@pytest.mark.parametrize("hlo_same, probes_differ, grads_eps, trained_eps, loss_eps, granted", [
+    (True, True, 1.0, 24.0, 1.0, True), (False, True, 1.0, 24.0, 1.0, False), (True, False, 1.0, 24.0, 1.0, False),
+    (True, True, 40.0, 24.0, 1.0, False), (True, True, 1.0, 400.0, 1.0, False), (True, True, 1.0, 24.0, 40.0, False)])
+def test_collective_summation_order_needs_every_measurement(hlo_same, probes_differ, grads_eps, trained_eps, loss_eps,
+                                                             granted):
     eps = float(np.finfo(np.float32).eps)
     one = _run([1.0, 1.0])
-    mine = _run([1.0, 1.0 + err_eps * eps], hlo=one.hlo if hlo_same else one.hlo.replace("add", "subtract"))
+    mine = _run([1.0, 1.0 + grads_eps * eps], hlo=one.hlo if hlo_same else one.hlo.replace("add", "subtract"))
+    mine.trained["w"] = np.float32([2.0, 2.0 + 2.0 * trained_eps * eps])  # relative to the largest entry (2)
+    mine.loss = np.float32(1.5 + 1.5 * loss_eps * eps).reshape(())
     probe_one = {"fsdp": {"bits": "a"}}
     probe_mine = {"fsdp": {"bits": "b" if probes_differ else "a"}}
     exc, facts = one_process_exception(mine, one, probe_mine, probe_one, "float32")
     assert (exc == "collective-summation-order") is granted and (exc is None) is not granted
     assert facts["same_hlo"] is hlo_same and facts["probes_differ"] is probes_differ
-    assert facts["bound"] == REFERENCE_EPS * eps
+    assert facts["grads_eps"] == pytest.approx(grads_eps, rel=0.1) and facts["trained_eps"] == pytest.approx(trained_eps, rel=0.1)
+    assert facts["bound_eps"] == {"loss": REFERENCE_EPS, "grads": REFERENCE_EPS, "trained": TRAINED_EPS}
+    assert facts["bound"] == REFERENCE_EPS * eps and facts["max_rel_err"] == pytest.approx(grads_eps * eps, rel=0.1)
 
 
 def test_collective_summation_order_needs_the_probe_measured_in_both():
@@ -129,8 +136,8 @@ def test_run_processes_refuses_a_count_that_does_not_split_the_mesh(tmp_path):
 
 
 def test_a_failing_process_is_named_with_its_last_line(tmp_path):
-    # an unknown preset: each process refuses it after joining the coordinator; the others are stopped
-    with pytest.raises(jmp.ProcessesError, match=r"process \d of mesh data=2 exited 1: ValueError: unknown model "
+    # an unknown preset: each process refuses it in one line (exit 2) before JAX starts; the others are stopped
+    with pytest.raises(jmp.ProcessesError, match=r"process \d of mesh data=2 exited 2: unknown model "
                                                  r"'nope'; valid models: gpt-small"):
         jmp.run_processes("nope", "data=2", ("none",), 2, tmp_path / "p", timeout_s=120)
 
@@ -147,3 +154,71 @@ def test_probe_over_two_processes_is_a_ring_not_device_order():
         first, rest = chunk.split("+")[:2], chunk.split("+")[2:]
         assert sorted(first) == sorted([f"x{(c + 2) % 4}", f"x{(c + 3) % 4}"]) and rest == [f"x{(c + 1) % 4}", f"x{c}"]
     assert lines[-1] == "probe bitwise equal: False"
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["--processes", "1", "--process-id", "0", "--local-devices", "2"], "--processes must be >= 2, got 1"),
+    (["--processes", "2", "--process-id", "2", "--local-devices", "1"], "--process-id must be in 0..1, got 2"),
+    (["--processes", "2", "--process-id", "0", "--local-devices", "0"], "--local-devices must be >= 1, got 0"),
+    (["--processes", "2", "--process-id", "0", "--local-devices", "1", "--mesh", "fsdp=4"],
+     "--mesh fsdp=4 has 4 devices, not --processes 2 x --local-devices 1"),
+    (["--processes", "2", "--process-id", "0", "--local-devices", "1", "--schedules", "none,every_k(0)"], "every_k"),
+    (["--processes", "2", "--process-id", "0", "--local-devices", "1", "--model", "nope"], "unknown model 'nope'"),
+])
+def test_process_refuses_bad_input_in_one_line_before_joining(argv, what, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")  # process_main sets it: restored after the test
+    base = {"--mesh": "data=2", "--schedules": "none", "--model": "gpt-tiny", "--coordinator": "127.0.0.1:1",
+            "--out": str(tmp_path)}
+    for flag, value in base.items():
+        if flag not in argv:
+            argv = argv + [flag, value]
+    assert jmp.process_main(argv) == 2  # a coordinator at port 1 would hang: the refusal comes first
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and what in err[0], err
+
+
+def test_report_names_the_one_process_measurements():
+    from parity.report.distributed_report import markdown_sections, one_process_line
+
+    facts = {"same_hlo": True, "probes_differ": True, "max_rel_err": 1.5e-7, "bound": 1.9e-6, "loss_eps": 0.72,
+             "grads_eps": 1.24, "trained_eps": 26.6, "bound_eps": {"loss": 16.0, "grads": 16.0, "trained": 256.0}}
+    section = {"framework": "jax", "mesh": "fsdp=4", "layout": "fully_sharded", "processes": 2, "rows": [],
+               "one_process": {"none": facts, "full": facts}}
+    line = one_process_line(section)
+    assert "`none`, `full`: same HLO yes, probes differ yes, loss 0.7 eps, gradients 1.2 eps, trained weights " \
+           "26.6 eps (bounds 16 / 16 / 256 eps)" in line
+    assert one_process_line({**section, "processes": 1}) is None and one_process_line({**section, "one_process": {}}) is None
+    report = {"distributed": {"devices": 4, "processes": 2, "meshes": [section]}}
+    assert line in markdown_sections(report)
+
+
+def test_trained_bound_is_far_below_one_adamw_step():
+    # TRAINED_EPS must catch a wrong step: one AdamW step fewer moves every trained tensor by far more
+    import dataclasses
+
+    from jaxremat import sharding as shd
+    from jaxremat.spec.plan import parse_plan
+    from parity.distributed import jax_mesh as jm
+    from parity.inputs.presets import get_preset
+    from parity.inputs.pretrained import preset_inputs
+    from parity.inputs.train import AdamWConfig
+
+    preset = get_preset("gpt-tiny")
+    cfg, params, tokens = preset_inputs(preset, "float32", 0)
+    hparams, mesh = preset.hparams or AdamWConfig(), shd.make_mesh("data=1")
+    runs = [jm.run_plan(cfg, params, tokens, parse_plan("none"), "data=1", mesh, dataclasses.replace(hparams, steps=s))
+            for s in (hparams.steps, hparams.steps - 1)]
+    eps = float(np.finfo(np.float32).eps)
+    per_tensor = {k: float(np.max(np.abs(runs[0].trained[k] - runs[1].trained[k])) / np.max(np.abs(runs[0].trained[k])))
+                  for k in runs[0].trained}
+    assert min(per_tensor.values()) > 10 * TRAINED_EPS * eps, per_tensor
+
+
+def test_a_process_whose_launcher_is_gone_stops_at_once(tmp_path):
+    # PARITY_LAUNCHER_PID names a process that is not this one's parent: the launcher died before the prctl
+    env = dict(os.environ, PARITY_LAUNCHER_PID="1")
+    cmd = [sys.executable, "-m", "parity.distributed.jax_multiprocess", "--process-id", "0", "--processes", "2",
+           "--coordinator", "127.0.0.1:1", "--local-devices", "1", "--mesh", "data=2", "--schedules", "none",
+           "--model", "gpt-tiny", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 1 and "the launcher (PID 1) is gone" in proc.stderr, proc.stderr[-2000:]
