@@ -135,7 +135,7 @@ def run_distributed(preset, out_dir: Path, *, devices: int = 4, meshes: tuple[st
             report["distributed"]["torch_status"] = why
             note(why)
         else:
-            rows = module.run_torch_distributed(preset.name, TORCH_WORLD_SIZE, plans, str(work))
+            rows = module.run_torch_distributed(preset.name, TORCH_WORLD_SIZE, plans, str(work), seed=seed, hparams=hparams)
             for mesh in dict.fromkeys(r.mesh for r in rows):
                 mine = [r for r in rows if r.mesh == mesh]
                 report["distributed"]["meshes"].append({"framework": "torch", "mesh": mesh, "layout": mine[0].layout,

@@ -186,3 +186,24 @@ def test_activation_all_reduces_sorts_matmuls_by_pass():
         op("4,64,64", "all-reduce", "jvp()/while/body/closed_call/add"),            # not a matmul
     ])
     assert activation_all_reduces(hlo, (4, 64, 64)) == {"forward": 1, "recompute": 1, "gradient": 1}
+
+
+def test_torch_half_gets_the_seed_and_hparams_of_the_run(tmp_path, monkeypatch):
+    # --seed 7 must reach the PyTorch ranks too: with seed 0 there, the cross-framework rows compared other weights
+    from parity.distributed import suite
+    from parity.inputs.presets import get_preset
+    from parity.inputs.train import AdamWConfig
+
+    seen = {}
+
+    class FakeTorch:
+        @staticmethod
+        def run_torch_distributed(name, world, plans, out, **kwargs):
+            seen.update(kwargs)
+            return []
+
+    monkeypatch.setattr(suite, "torch_worker", lambda: (FakeTorch, None))
+    hparams = AdamWConfig(steps=2)
+    suite.run_distributed(get_preset("gpt-tiny"), tmp_path, meshes=("data=2",), plans=("none",), frameworks=("torch",),
+                          seed=7, hparams=hparams)
+    assert seen == {"seed": 7, "hparams": hparams}
