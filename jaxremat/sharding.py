@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -108,8 +109,9 @@ def parse_mesh(spec: str | MeshSpec) -> MeshSpec:
     for item in items:
         name, eq, size = item.partition("=")
         name = name.strip()
-        if not eq or not size.strip().isdigit():
-            raise ValueError(f"mesh spec {spec!r}: {item!r} is not NAME=SIZE with an integer size, e.g. 'data=2'")
+        if not eq or not re.fullmatch(r"[0-9]+", size.strip(), re.ASCII):  # str.isdigit() takes '²' and '２'
+            raise ValueError(f"mesh spec {spec!r}: {item!r} is not NAME=SIZE with an integer size in ASCII digits, "
+                             "e.g. 'data=2'")
         if name not in AXES:
             raise ValueError(f"mesh spec {spec!r}: unknown axis {name!r}; valid axes: {', '.join(AXES)}")
         if any(name == n for n, _ in axes):

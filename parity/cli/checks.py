@@ -69,6 +69,17 @@ def unique_items(option: str, text: str, canonical=None) -> tuple[str, ...]:
     return items
 
 
+def check_seed(seed: int) -> int:
+    """``--seed`` as given, if it is in [0, 2**32) (numpy's and torch's seed range).
+
+    Raises:
+        ValueError: ``seed`` is negative or 2**32 or more.
+    """
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"--seed must be an integer in [0, 2**32), got {seed}")
+    return seed
+
+
 def plain_ints(option: str, text: str) -> tuple[int, ...]:
     """Comma-separated integers in ASCII digits (``2_0``, ``+2`` and other numerals refused)."""
     items = unique_items(option, text)

@@ -13,17 +13,14 @@ import math
 import time
 
 from parity.cli import checks as cc
-from parity.distributed.jax_worker import (DEFAULT_MESHES, DEFAULT_PLANS, check_plans, check_processes,
-                                          distributed_preset)
+from parity.distributed.jax_worker import (DEFAULT_MESHES, DEFAULT_PLANS, MAX_DEVICES, check_devices, check_meshes,
+                                          check_plans, check_processes, distributed_preset)
 from parity.distributed.suite import WorkerError, run_distributed
 from parity.report.environment import environment_info
 from parity.report.files import WriteError
 from parity.report.suite_report import REPORT_FILES, OutputDirError
 
 DEFAULT_DEVICES = 4
-
-MAX_DEVICES = 256
-"""The most devices ``--devices`` takes."""
 
 
 def _check_meshes_fit(specs, devices: int) -> None:
@@ -51,27 +48,18 @@ def _options(args):
         raise ValueError("--suite distributed runs a --model preset; drop --checkpoint")
     if args.dtype != "float32":
         raise ValueError("--suite distributed runs float32; drop --dtype")
+    if args.repeats is not None:
+        raise ValueError("--suite distributed times no steps (it checks bits and per-device memory); drop --repeats")
+    if args.model is not None and not args.model.strip():
+        raise ValueError("--model is empty; give a preset (gpt-small, gpt-tiny) or leave it out for gpt-small")
+    cc.check_seed(args.seed)
     args.out = cc.out_path("--out", args.out)
     preset = distributed_preset(args.model or "gpt-small")
-    devices = DEFAULT_DEVICES if args.devices is None else args.devices
-    if devices < 1:
-        raise ValueError(f"--devices must be >= 1, got {devices}")
-    if devices > MAX_DEVICES:
-        raise ValueError(f"--devices {devices}: at most {MAX_DEVICES} (each simulated CPU device is a thread pool of "
-                         "its own); pass a smaller count")
-    meshes = DEFAULT_MESHES if args.mesh is None else tuple(m.strip() for m in args.mesh.split(";"))
-    if not meshes or any(not m for m in meshes):
-        raise ValueError(f"--mesh {args.mesh!r} is empty or has an empty entry; give meshes such as 'data=2' or "
-                         "'data=2;data=2,model=2'")
-    from jaxremat.sharding import check_divides, parse_mesh  # imports JAX: only once --suite distributed is chosen
+    devices = check_devices(DEFAULT_DEVICES if args.devices is None else args.devices)
+    from jaxremat.sharding import check_divides  # imports JAX: only once --suite distributed is chosen
 
     cfg = preset.config
-    specs = []
-    for m in meshes:
-        ms = parse_mesh(m)
-        if ms.text in [s.text for s in specs]:
-            raise ValueError(f"--mesh: mesh {ms.text} is given twice; give each mesh once")
-        specs.append(ms)
+    specs = check_meshes("--mesh", ";".join(DEFAULT_MESHES) if args.mesh is None else args.mesh)
     _check_meshes_fit(specs, devices)
     processes = 1 if args.processes is None else args.processes
     if processes < 1:

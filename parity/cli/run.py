@@ -124,8 +124,7 @@ def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | 
         if not split_list(args.schedules):
             raise ValueError(f"--schedules is empty; valid forms: {', '.join(SCHEDULE_NAMES)}")
         schedules = unique_items("--schedules", args.schedules, canonical=lambda s: parse_case_plan(s).name)
-    if not 0 <= args.seed < 2**32:
-        raise ValueError(f"--seed must be an integer in [0, 2**32), got {args.seed}")
+    cc.check_seed(args.seed)
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     return dtypes, frameworks, schedules

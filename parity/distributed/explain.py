@@ -29,7 +29,6 @@ from __future__ import annotations
 
 # Deferred imports: XLA_FLAGS must be set from --disable-pass and --mesh before JAX is imported, inside main().
 
-import argparse
 import os
 import sys
 import tempfile
@@ -38,31 +37,36 @@ import numpy as np
 
 from jaxremat.spec.plan import parse_plan
 from parity.checks.compare import compare_bitwise
-from parity.distributed.jax_multiprocess import ProcessesError, collective_probe, run_processes
+from parity.cli.util import OneLineParser, ascii_int
+from parity.distributed.jax_multiprocess import ProcessesError, collective_probe, distributed_preset, run_processes
 from parity.distributed.jax_worker import check_processes
-from parity.inputs.presets import get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.train import AdamWConfig
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parity.distributed.explain", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m parity.distributed.explain", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt-small")
-    p.add_argument("--batch", type=int, default=1, help="sequences per device, one-device mode (default 1)")
+    p.add_argument("--batch", type=ascii_int, default=1, help="sequences per device, one-device mode (default 1)")
     p.add_argument("--plan", default="full")
     p.add_argument("--mesh", default=None, help="run on this mesh (e.g. fsdp=4) instead of one device")
     p.add_argument("--no-carry-sharding", action="store_true",
                    help="on a mesh: do not pin the residual stream at block boundaries")
     p.add_argument("--disable-pass", default=None, help="an XLA pass to disable, e.g. while-loop-simplifier")
-    p.add_argument("--processes", type=int, default=1,
+    p.add_argument("--processes", type=ascii_int, default=1,
                    help="with --mesh: compare the collective probe in one process and over this many processes")
     args = p.parse_args(argv)
     from jaxremat import sharding as shd  # imports JAX; its backend starts later, after XLA_FLAGS is set
 
     try:
         plans = [parse_plan("none"), parse_plan(args.plan)]
-        ms = shd.parse_mesh(args.mesh) if args.mesh else None
-        preset = get_preset(args.model)
+        ms = shd.parse_mesh(args.mesh) if args.mesh is not None else None
+        preset = distributed_preset(args.model)
+        if not 1 <= args.batch <= preset.batch_size:
+            raise ValueError(f"--batch must be in 1..{preset.batch_size} (the sequences of {preset.name}'s batch), "
+                             f"got {args.batch}")
+        if args.processes < 1:
+            raise ValueError(f"--processes must be >= 1, got {args.processes}")
     except (ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -49,12 +49,17 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from jaxremat.models import get_model
 from jaxremat.spec.grammar import split_top
 from jaxremat.spec.plan import parse_plan
+from parity.cli.checks import check_seed, out_path
+from parity.cli.util import OneLineParser, ascii_int
 from parity.distributed.result import DeviceMemory
-from parity.inputs.presets import get_preset
+from parity.inputs.model_preset import ModelPreset
+from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.train import AdamWConfig
+from parity.report.suite_report import OutputDirError, writable_dir
 
 RUNS_FILE = "runs.json"
 """Process 0's index of what it wrote: one entry per run, the probe, the devices."""
@@ -87,6 +92,38 @@ def die_with_parent() -> None:
         return
     if os.getppid() != int(launcher):
         sys.exit(f"the launcher (PID {launcher}) is gone; this process stops")
+
+
+def distributed_preset(name: str) -> ModelPreset:
+    """The ``--model`` preset ``name``, if the distributed suite runs it: a GPT-family preset on random weights.
+
+    Raises:
+        ValueError: an unknown name (the message lists the presets), or a preset of another family
+            (``minilm-l6``, a BERT encoder) or with a checkpoint; the message lists the supported presets.
+    """
+    preset = get_preset(name)
+    supported = [p.name for p in PRESETS.values() if p.config.arch == "gpt" and p.checkpoint is None]
+    if preset.name not in supported:
+        what = (f"arch {preset.config.arch}: {get_model(preset.config.arch).description}"
+                if preset.config.arch != "gpt" else "a pretrained checkpoint")
+        raise ValueError(f"--suite distributed supports the GPT family presets ({', '.join(supported)}); "
+                         f"--model {preset.name} ({what}) is not supported there; pass --model {supported[0]}")
+    return preset
+
+
+def check_out_dir(text) -> Path:
+    """``--out`` as a directory that exists (created here with its parents) and can be written.
+
+    The same checks and messages as every command's ``--out`` (:func:`parity.cli.checks.out_path`,
+    :func:`parity.report.suite_report.writable_dir`).
+
+    Raises:
+        ValueError: ``text`` is empty, names an existing file, or the directory cannot be created or written.
+    """
+    try:
+        return writable_dir(out_path("--out", text))
+    except OutputDirError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def with_device_count(flags: str, count: int) -> str:
@@ -181,17 +218,17 @@ def collective_probe(mesh) -> dict[str, dict]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m parity.distributed.jax_multiprocess",
-                                description="One process of a JAX mesh spread over several processes "
-                                "(started by parity.distributed.jax_multiprocess.run_processes).")
-    p.add_argument("--process-id", type=int, required=True)
-    p.add_argument("--processes", type=int, required=True)
+    p = OneLineParser(prog="python -m parity.distributed.jax_multiprocess",
+                      description="One process of a JAX mesh spread over several processes "
+                      "(started by parity.distributed.jax_multiprocess.run_processes).")
+    p.add_argument("--process-id", type=ascii_int, required=True)
+    p.add_argument("--processes", type=ascii_int, required=True)
     p.add_argument("--coordinator", required=True, help="HOST:PORT of process 0's coordinator")
-    p.add_argument("--local-devices", type=int, required=True, help="devices of this process (CPU: forced)")
+    p.add_argument("--local-devices", type=ascii_int, required=True, help="devices of this process (CPU: forced)")
     p.add_argument("--mesh", required=True)
     p.add_argument("--schedules", required=True, help="','-separated plans (none first); '' runs the probe alone")
     p.add_argument("--model", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=ascii_int, default=0)
     p.add_argument("--out", required=True)
     return p
 
@@ -254,7 +291,13 @@ def process_main(argv=None) -> int:
             raise ValueError(f"--process-id must be in 0..{args.processes - 1}, got {args.process_id}")
         if args.local_devices < 1:
             raise ValueError(f"--local-devices must be >= 1, got {args.local_devices}")
-        preset = get_preset(args.model)  # the caller chose a distributed preset (jax_worker.distributed_preset)
+        host, _, port = args.coordinator.rpartition(":")
+        if not host or not re.fullmatch(r"[0-9]+", port, re.ASCII) or not 0 < int(port) < 65536:
+            raise ValueError(f"--coordinator {args.coordinator!r} is not HOST:PORT with a port in 1..65535, "
+                             "e.g. 127.0.0.1:12345")
+        check_seed(args.seed)
+        preset = distributed_preset(args.model)
+        check_out_dir(args.out)
         names = plan_runs(split_top(args.schedules, ",")) if args.schedules.strip() else []
         os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), args.local_devices)
         from jaxremat import sharding as shd  # imports JAX (no backend yet: XLA_FLAGS is read when one starts)

@@ -26,56 +26,39 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
-from jaxremat.models import get_model
 from jaxremat.spec.plan import parse_plan
-from parity.cli.checks import out_path, unique_items
-from parity.distributed.jax_multiprocess import ProcessesError, collective_probe, run_processes
+from parity.cli.checks import check_seed, unique_items
+from parity.cli.util import OneLineParser, ascii_int
+from parity.distributed.jax_multiprocess import (ProcessesError, check_out_dir, collective_probe, distributed_preset,
+                                                run_processes)
 from parity.distributed.result import DistributedRow, grads_file_name
-from parity.inputs.model_preset import ModelPreset
 from parity.inputs.pretrained import preset_inputs
-from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.train import AdamWConfig
-from parity.report.suite_report import OutputDirError, writable_dir
 
 ROWS_FILE = "jax_rows.json"
 
 DEFAULT_MESHES = ("data=2", "fsdp=4", "data=2,model=2")
 DEFAULT_PLANS = ("none", "full", "every_k(2)", "sqrt", "every_k(2)+save_qkv_proj")
 
+MAX_DEVICES = 256
+"""The most devices ``--devices`` takes (each simulated CPU device is a thread pool of its own)."""
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m parity.distributed.jax_worker",
-                                description="Run remat plans on JAX meshes and write jax_rows.json.")
-    p.add_argument("--devices", type=int, default=4, help="host devices to simulate on CPU (default 4)")
+    p = OneLineParser(prog="python -m parity.distributed.jax_worker",
+                      description="Run remat plans on JAX meshes and write jax_rows.json.")
+    p.add_argument("--devices", type=ascii_int, default=4, help="host devices to simulate on CPU (default 4)")
     p.add_argument("--meshes", default=";".join(DEFAULT_MESHES), help="';'-separated mesh specs")
     p.add_argument("--schedules", default=",".join(DEFAULT_PLANS),
                    help="','-separated plans; none runs first whether listed or not")
     p.add_argument("--model", default="gpt-small", help="model preset (default gpt-small)")
-    p.add_argument("--processes", type=int, default=1,
+    p.add_argument("--processes", type=ascii_int, default=1,
                    help="also run each mesh spread over this many processes (jax.distributed over 127.0.0.1, "
                    "gloo CPU collectives) and check it against the one-process run (default 1: one process only)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=ascii_int, default=0)
     p.add_argument("--out", required=True, help="output directory")
     return p
-
-
-def distributed_preset(name: str) -> ModelPreset:
-    """The ``--model`` preset ``name``, if the distributed suite runs it: a GPT-family preset on random weights.
-
-    Raises:
-        ValueError: an unknown name (the message lists the presets), or a preset of another family
-            (``minilm-l6``, a BERT encoder) or with a checkpoint; the message lists the supported presets.
-    """
-    preset = get_preset(name)
-    supported = [p.name for p in PRESETS.values() if p.config.arch == "gpt" and p.checkpoint is None]
-    if preset.name not in supported:
-        what = (f"arch {preset.config.arch}: {get_model(preset.config.arch).description}"
-                if preset.config.arch != "gpt" else "a pretrained checkpoint")
-        raise ValueError(f"--suite distributed supports the GPT family presets ({', '.join(supported)}); "
-                         f"--model {preset.name} ({what}) is not supported there; pass --model {supported[0]}")
-    return preset
 
 
 def check_plans(plans, n_layer: int) -> tuple[str, ...]:
@@ -100,19 +83,42 @@ def check_plans(plans, n_layer: int) -> tuple[str, ...]:
     return unique_items("--schedules", plans if isinstance(plans, str) else ",".join(plans), canonical=name)
 
 
-def check_out_dir(text) -> Path:
-    """``--out`` as a directory that exists (created here with its parents) and can be written.
-
-    The same checks and messages as every command's ``--out`` (:func:`parity.cli.checks.out_path`,
-    :func:`parity.report.suite_report.writable_dir`).
+def check_devices(devices: int) -> int:
+    """``--devices`` as given, if 1 .. :data:`MAX_DEVICES`.
 
     Raises:
-        ValueError: ``text`` is empty, names an existing file, or the directory cannot be created or written.
+        ValueError: fewer than 1 or more than :data:`MAX_DEVICES` devices.
     """
-    try:
-        return writable_dir(out_path("--out", text))
-    except OutputDirError as exc:
-        raise ValueError(str(exc)) from None
+    if devices < 1:
+        raise ValueError(f"--devices must be >= 1, got {devices}")
+    if devices > MAX_DEVICES:
+        raise ValueError(f"--devices {devices}: at most {MAX_DEVICES} (each simulated CPU device is a thread pool of "
+                         "its own); pass a smaller count")
+    return devices
+
+
+def check_meshes(option: str, text: str) -> list:
+    """The :class:`jaxremat.sharding.MeshSpec` s of a ';'-separated mesh list, each given once.
+
+    Imports JAX (:mod:`jaxremat.sharding`); its backend does not start.
+
+    Raises:
+        ValueError: an empty list or entry, a bad spec (:func:`jaxremat.sharding.parse_mesh`'s message), or a mesh
+            given twice (two spellings of one mesh count twice).
+    """
+    from jaxremat.sharding import parse_mesh
+
+    items = [m.strip() for m in text.split(";")]
+    if any(not m for m in items):
+        raise ValueError(f"{option} {text!r} is empty or has an empty entry; give meshes such as 'data=2' or "
+                         "'data=2;data=2,model=2'")
+    specs = []
+    for m in items:
+        ms = parse_mesh(m)
+        if ms.text in [s.text for s in specs]:
+            raise ValueError(f"{option}: mesh {ms.text} is given twice; give each mesh once")
+        specs.append(ms)
+    return specs
 
 
 def check_processes(mesh: str, processes: int) -> None:
@@ -156,8 +162,8 @@ def _check_processes_mesh(model, cfg, params, tokens, mesh, plans, hparams, args
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:  # bad input answers in one line before JAX loads
-        if args.devices < 1:
-            raise ValueError(f"--devices must be >= 1, got {args.devices}")
+        check_devices(args.devices)
+        check_seed(args.seed)
         if args.processes < 1:
             raise ValueError(f"--processes must be >= 1, got {args.processes}")
         preset = distributed_preset(args.model)
@@ -172,7 +178,7 @@ def main(argv=None) -> int:
 
     try:
         cfg, params, tokens = preset_inputs(preset, "float32", args.seed)
-        meshes = [m.strip() for m in args.meshes.split(";") if m.strip()]
+        meshes = [ms.text for ms in check_meshes("--meshes", args.meshes)]
         from jaxremat import sharding as shd
 
         for m in meshes:  # every mesh checked before any work starts

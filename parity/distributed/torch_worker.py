@@ -46,6 +46,7 @@ import datetime
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +158,14 @@ def bitwise(test: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> tuple[bo
     """``(equal, max ULP, max abs)`` of two canonical dicts (:func:`parity.checks.compare.compare_bitwise`)."""
     r = compare_bitwise(test, ref)
     return r.equal, r.max_ulp, r.max_abs_diff
+
+
+def main(argv=None) -> int:
+    """``python -m parity.distributed.torch_worker``: no command line of its own; one line saying what to run, exit 2."""
+    print("parity.distributed.torch_worker has no command line (its ranks are started by run_torch_distributed); "
+          "run python -m parity run --suite distributed --frameworks torch", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

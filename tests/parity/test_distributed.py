@@ -114,6 +114,9 @@ def test_cli_mesh_does_not_divide_exits_2(tmp_path, capsys):
 def test_bad_mesh_spec():
     with pytest.raises(ValueError, match="unknown axis 'pipe'"):
         shd.parse_mesh("pipe=2")
+    for odd in ("data=\u00b2", "data=\uff12", "data=+2", "data=2_0"):  # str.isdigit() and int() took these
+        with pytest.raises(ValueError, match="integer size in ASCII digits"):
+            shd.parse_mesh(odd)
     assert shd.layout_of("data=2,model=2") == "tensor_parallel" and shd.layout_of("fsdp=4") == "fully_sharded"
 
 
@@ -131,6 +134,11 @@ def test_bad_mesh_spec():
                            "share); pass --processes 2 or another --mesh"),
     (["--processes", "0"], "--processes must be >= 1, got 0"),
     (["--processes", "2", "--frameworks", "torch"], "add jax to --frameworks or drop --processes"),
+    (["--seed", "-1"], "--seed must be an integer in [0, 2**32), got -1"),
+    (["--seed", "4294967296"], "--seed must be an integer in [0, 2**32), got 4294967296"),
+    (["--model", " "], "--model is empty; give a preset"), (["--repeats", "3"], "drop --repeats"),
+    (["--mesh", ""], "--mesh '' is empty or has an empty entry"),
+    (["--mesh", "data=\u00b2"], "integer size in ASCII digits"),
 ])
 def test_cli_bad_distributed_options_exit_2_before_any_work(extra, what, tmp_path, capsys):
     rc = main(["run", "--suite", "distributed", *extra, "--out", str(tmp_path / "r"), "--no-progress"])
@@ -143,6 +151,7 @@ def test_cli_bad_distributed_options_exit_2_before_any_work(extra, what, tmp_pat
     (["--schedules", "none,,full"], "empty item in the list 'none,,full'"), (["--schedules", "plan(3,5)"], "n_layer=4"),
     (["--model", "minilm-l6"], "is not supported there; pass --model gpt-small"),
     (["--devices", "0"], "--devices must be >= 1"), (["--processes", "0"], "--processes must be >= 1"),
+    (["--devices", "100000"], "at most 256"), (["--seed", "-1"], "--seed must be an integer in [0, 2**32)"),
 ])
 def test_worker_bad_input_is_one_line_before_jax(extra, what, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
@@ -161,6 +170,25 @@ def test_worker_bad_out_is_one_line_before_jax(where, what, tmp_path, capsys, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and what in err[0], err
     assert (tmp_path / "file").read_text() == "mine" and jax_worker.os.environ["XLA_FLAGS"] == ""
+
+
+@pytest.mark.parametrize("meshes, what", [("", "--meshes '' is empty or has an empty entry"),
+                                          ("data=2;", "has an empty entry"),
+                                          ("data=2;data=02", "--meshes: mesh data=2 is given twice")])
+def test_worker_bad_meshes_are_one_line_before_any_mesh_runs(meshes, what, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")
+    rc = jax_worker.main(["--model", "gpt-tiny", "--schedules", "none", "--meshes", meshes, "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and what in err[0], err
+    assert not (tmp_path / ROWS_FILE).exists()
+
+
+@pytest.mark.parametrize("argv", [["--devices", "x"], ["--seed", "1_0"], []])
+def test_worker_argparse_errors_are_one_line(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        jax_worker.main(argv + ([] if not argv else ["--out", str(tmp_path)]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "see python -m parity.distributed.jax_worker --help" in err[0], err
 
 
 def test_cross_row_without_a_jax_peer_renders():

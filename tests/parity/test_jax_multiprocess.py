@@ -164,6 +164,13 @@ def test_probe_over_two_processes_is_a_ring_not_device_order():
      "--mesh fsdp=4 has 4 devices, not --processes 2 x --local-devices 1"),
     (["--processes", "2", "--process-id", "0", "--local-devices", "1", "--schedules", "none,every_k(0)"], "every_k"),
     (["--processes", "2", "--process-id", "0", "--local-devices", "1", "--model", "nope"], "unknown model 'nope'"),
+    (["--processes", "2", "--process-id", "0", "--local-devices", "1", "--model", "minilm-l6"],
+     "supports the GPT family presets"),
+    (["--processes", "2", "--process-id", "0", "--local-devices", "1", "--coordinator", "foo"],
+     "--coordinator 'foo' is not HOST:PORT"),
+    (["--processes", "2", "--process-id", "0", "--local-devices", "1", "--seed", "-1"], "--seed must be an integer"),
+    (["--processes", "2", "--process-id", "0", "--local-devices", "1", "--out", "/dev/null"],
+     "exists and is not a directory"),
 ])
 def test_process_refuses_bad_input_in_one_line_before_joining(argv, what, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")  # process_main sets it: restored after the test
@@ -175,6 +182,35 @@ def test_process_refuses_bad_input_in_one_line_before_joining(argv, what, capsys
     assert jmp.process_main(argv) == 2  # a coordinator at port 1 would hang: the refusal comes first
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and what in err[0], err
+
+
+def test_process_argparse_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        jmp.process_main(["--process-id", "x"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "'x' is not an integer" in err[0], err
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["--model", "minilm-l6"], "supports the GPT family presets"), (["--model", "gpt-tiny", "--batch", "0"],
+                                                                     "--batch must be in 1..2"),
+    (["--model", "gpt-tiny", "--batch", "3"], "--batch must be in 1..2"),
+    (["--model", "gpt-tiny", "--mesh", "data=2", "--processes", "0"], "--processes must be >= 1, got 0"),
+    (["--model", "gpt-tiny", "--mesh", ""], "mesh spec '' is empty"),
+])
+def test_explain_refuses_bad_input_in_one_line(argv, what, capsys):
+    from parity.distributed import explain
+
+    assert explain.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and what in err[0], err
+
+
+def test_torch_worker_has_no_command_line_and_says_what_to_run():
+    proc = subprocess.run([sys.executable, "-m", "parity.distributed.torch_worker", "--anything"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and "python -m parity run --suite distributed --frameworks torch" in err[0]
 
 
 def test_report_names_the_one_process_measurements():
