@@ -87,6 +87,7 @@ def cmd_distributed(args, console) -> int:
     except (ValueError, OutputDirError) as exc:
         cc.error(console, exc)
         return 2
+    previous = cc.install_interrupt_handler(lock)
     try:
         if kept:
             cc.note(console, kept)
@@ -95,6 +96,10 @@ def cmd_distributed(args, console) -> int:
             report = run_distributed(preset, args.out, devices=devices, meshes=meshes, plans=plans,
                                      frameworks=frameworks, seed=args.seed, processes=processes,
                                      hparams=preset.hparams, note=lambda m: cc.note(console, m))
+        except KeyboardInterrupt:  # the workers die with this process (PR_SET_PDEATHSIG)
+            cc.note(console, f"interrupted: no report was written (the suite writes it at the end); "
+                    f"{args.out / 'distributed'} holds the workers' partial files")
+            cc.exit_interrupted(lock)
         except ValueError as exc:
             cc.error(console, exc)
             return 2
@@ -109,4 +114,5 @@ def cmd_distributed(args, console) -> int:
         cc.error(console, f"{exc}; make room and run again")
         return 2
     finally:
+        cc.restore_interrupt_handler(previous)
         lock.release()

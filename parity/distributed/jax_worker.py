@@ -30,8 +30,8 @@ import sys
 from jaxremat.spec.plan import parse_plan
 from parity.cli.checks import check_seed, unique_items
 from parity.cli.util import OneLineParser, ascii_int
-from parity.distributed.jax_multiprocess import (ProcessesError, check_out_dir, collective_probe, distributed_preset,
-                                                run_processes)
+from parity.distributed.jax_multiprocess import (ProcessesError, check_out_dir, collective_probe, die_with_parent,
+                                                distributed_preset, run_processes)
 from parity.distributed.result import DistributedRow, grads_file_name
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.train import AdamWConfig
@@ -161,6 +161,7 @@ def _check_processes_mesh(model, cfg, params, tokens, mesh, plans, hparams, args
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    die_with_parent()  # started by the suite: a killed suite leaves no worker behind
     try:  # bad input answers in one line before JAX loads
         check_devices(args.devices)
         check_seed(args.seed)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,9 @@ def run_jax_worker(model: str, devices: int, meshes: tuple[str, ...], plans: tup
     cmd = [sys.executable, "-m", "parity.distributed.jax_worker", "--devices", str(devices), "--model", model,
            "--meshes", ";".join(meshes), "--schedules", ",".join(plans), "--seed", str(seed), "--processes", str(processes),
            "--out", str(out_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # the worker dies with this process (jax_multiprocess.die_with_parent), and its own processes with it
+    env = dict(os.environ, PARITY_LAUNCHER_PID=str(os.getpid()))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     last = (proc.stderr.strip().splitlines() or [""])[-1]
     if proc.returncode == 2:
         raise ValueError(last)

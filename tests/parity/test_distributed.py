@@ -15,8 +15,10 @@ run serves every test (module-scope fixture).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -189,6 +191,33 @@ def test_worker_argparse_errors_are_one_line(argv, tmp_path, capsys):
         jax_worker.main(argv + ([] if not argv else ["--out", str(tmp_path)]))
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and "see python -m parity.distributed.jax_worker --help" in err[0], err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_stopped_suite_leaves_no_worker_behind(sig, tmp_path):
+    # the JAX worker dies with the suite (PR_SET_PDEATHSIG), and Ctrl-C is one line, exit 130, no traceback
+    psutil = pytest.importorskip("psutil")
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "parity", "run", "--suite", "distributed", "--model", "gpt-tiny", "--mesh", "data=2",
+           "--schedules", "none,full,sqrt", "--frameworks", "jax", "--no-progress", "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, workers = time.monotonic() + 120, []
+        while time.monotonic() < deadline and proc.poll() is None and not workers:
+            workers = [c for c in psutil.Process(proc.pid).children() if "parity.distributed.jax_worker" in c.cmdline()]
+            time.sleep(0.1)
+        assert workers and proc.poll() is None, "the suite ended before its worker started"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        gone, alive = psutil.wait_procs(workers, timeout=10)  # left alone, the worker would run for 20 s or more
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not alive, [p.cmdline() for p in alive]
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        assert err.strip().splitlines()[-1].startswith("interrupted: no report was written"), err
+        assert not (out / ".parity.lock").exists()
 
 
 def test_cross_row_without_a_jax_peer_renders():
