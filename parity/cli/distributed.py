@@ -83,7 +83,8 @@ def cmd_distributed(args, console) -> int:
     """Run the distributed suite and write report.json / report.md into ``--out``."""
     try:
         preset, devices, meshes, plans, frameworks, processes = _options(args)
-        lock, kept = cc.claim_out_dir(args.out, args.overwrite, REPORT_FILES)
+        # the previous run's gradient files (named in its report.json) are kept with its report
+        lock, kept = cc.claim_out_dir(args.out, args.overwrite, (*REPORT_FILES, "distributed"))
     except (ValueError, OutputDirError) as exc:
         cc.error(console, exc)
         return 2

@@ -220,6 +220,28 @@ def test_stopped_suite_leaves_no_worker_behind(sig, tmp_path):
         assert not (out / ".parity.lock").exists()
 
 
+def test_previous_report_keeps_its_gradient_files(tmp_path, capsys, monkeypatch):
+    # the next run rewrites distributed/: the files the previous report.json names move with it to previous/
+    from parity.cli import distributed as cli_distributed
+    from parity.distributed.suite import WorkerError
+
+    out = tmp_path / "r"
+    (out / "distributed").mkdir(parents=True)
+    (out / "report.json").write_text("{}")
+    (out / "distributed" / grads_file_name("jax", "data=2")).write_text("old gradients")
+
+    def fail(*args, **kwargs):
+        raise WorkerError("stopped here")
+
+    monkeypatch.setattr(cli_distributed, "run_distributed", fail)
+    rc = main(["run", "--suite", "distributed", "--model", "gpt-tiny", "--mesh", "data=2", "--frameworks", "jax",
+               "--out", str(out), "--no-progress"])
+    assert rc == 1 and not (out / "distributed").exists()
+    (kept,) = (out / "previous").iterdir()
+    assert (kept / "distributed" / grads_file_name("jax", "data=2")).read_text() == "old gradients"
+    assert (kept / "report.json").read_text() == "{}"
+
+
 def test_cross_row_without_a_jax_peer_renders():
     from parity.report.suite_report import cross_row
 
