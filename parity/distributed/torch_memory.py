@@ -16,7 +16,8 @@ On a CUDA rank: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_st
 
 ``activation_bytes`` is the peak less the parameters, gradients and optimizer state resident at
 the peak (for FSDP2 it therefore includes the gathered blocks and collective buffers, which the
-source string lists apart).
+source string lists apart). :func:`predict` sets it beside the single-device activations over the
+ranks (plus FSDP2's gathered state); docs/sharding-torch.md has the measured ratios.
 """
 
 from __future__ import annotations
@@ -108,9 +109,22 @@ def rank_memory(step: Callable[[], None], module: torch.nn.Module, opt: torch.op
                         predicted=dict(predicted))
 
 
+FSDP_GATHERED_LAYERS = 3
+"""Whole blocks of FSDP2's gathered state in the per-rank activation prediction: the block being run
+(``UNSHARDED_PARAM``), the next one's all-gather output (``ALL_GATHER``, prefetched) and one block's
+gradient on its way through the reduce-scatter (``REDUCE_SCATTER``). Measured at the peak of each plan
+(``FSDPMemTracker``, gpt-small, 2 gloo ranks; docs/sharding-torch.md): 2 blocks under ``none`` and
+``sqrt`` (the peak is at the end of the forward pass, no gradient yet), 3 under ``full``,
+``every_k(2)`` and ``every_k(2)+save_qkv_proj`` (the peak is in the backward pass)."""
+
+
 def predict(single_param_bytes: int, single_act_bytes: Optional[int], world_size: int, layout: str,
-            opt_factor: int = 2) -> dict[str, int]:
+            opt_factor: int = 2, *, layer_bytes: int = 0, root_bytes: int = 0) -> dict[str, int]:
     """The per-rank prediction: shards of ``1/W`` when fully sharded, activations ``/W`` in both layouts.
+
+    Fully sharded, the activations also hold FSDP2's gathered state: the root module's parameters
+    whole (``wte``, ``wpe``, ``ln_f``: FSDP2 keeps the root unsharded between its forward and
+    backward) and :data:`FSDP_GATHERED_LAYERS` whole blocks.
 
     Args:
         single_param_bytes: bytes of all parameters on one device.
@@ -119,10 +133,13 @@ def predict(single_param_bytes: int, single_act_bytes: Optional[int], world_size
         layout: ``"data_parallel"`` (parameters, gradients and AdamW's two moments whole on every
             rank) or ``"fully_sharded"`` (each of them ``/W``).
         opt_factor: optimizer-state tensors per parameter (AdamW: 2; its 0-d ``step`` is left out).
+        layer_bytes: bytes of one block's parameters, whole (fully sharded only).
+        root_bytes: bytes of the parameters outside the blocks, whole (fully sharded only).
     """
     share = world_size if layout == "fully_sharded" else 1
     out = {"params_bytes": single_param_bytes // share, "grads_bytes": single_param_bytes // share,
            "opt_state_bytes": opt_factor * single_param_bytes // share}
     if single_act_bytes is not None:
-        out["activation_bytes"] = single_act_bytes // world_size
+        gathered = root_bytes + FSDP_GATHERED_LAYERS * layer_bytes if layout == "fully_sharded" else 0
+        out["activation_bytes"] = single_act_bytes // world_size + gathered
     return out

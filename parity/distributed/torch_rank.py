@@ -61,6 +61,8 @@ class RankRun:
         self._summary: dict = {}
         self._single_act: dict[str, int] = {}
         self.param_bytes = sum(int(a.nbytes) for a in self.params.values())
+        self.layer_bytes = sum(int(a.nbytes) for k, a in self.params.items() if k.startswith("h.")) // self.cfg.n_layer
+        self.root_bytes = sum(int(a.nbytes) for k, a in self.params.items() if not k.startswith("h."))
 
     # ------------------------------------------------------------------ single process (rank 0)
     def _plain(self, tokens: torch.Tensor, plan: str = "none") -> dict[str, np.ndarray]:
@@ -83,20 +85,29 @@ class RankRun:
             self._reference = mean
         return self._reference
 
-    def single_activation(self, plan: str) -> int:
-        """Single-device peak activation bytes of one full-batch step under ``plan`` (MemTracker)."""
-        if plan not in self._single_act:
+    def single_activation(self, plan: str, grads_resident: bool = False) -> int:
+        """Single-device peak activation bytes of one full-batch step under ``plan`` (MemTracker).
+
+        ``grads_resident``: the gradients stay allocated from step to step (``zero_grad(set_to_none=False)``),
+        as DDP's are (views of its buckets, allocated when DDP is built); else they are allocated as the
+        backward pass produces them, as FSDP2's sharded gradients are. The two differ under remat:
+        with lazy gradients the step's peak falls late in the backward pass, where many gradients
+        exist and many activations are freed; with resident ones it falls where the activations peak
+        (gpt-small ``full``: 1,714,216 vs 2,238,504 bytes; docs/sharding-torch.md).
+        """
+        key = f"{plan} (gradients resident)" if grads_resident else plan
+        if key not in self._single_act:
             model = GPT.from_params(self.cfg, self.params)
             opt = _adamw(model.parameters(), self.hparams)
 
             def step():
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad(set_to_none=not grads_resident)
                 model_loss(model, self.tokens, plan).backward()
                 opt.step()
 
             step()
-            self._single_act[plan] = single_activation_bytes(step, model, opt)
-        return self._single_act[plan]
+            self._single_act[key] = single_activation_bytes(step, model, opt)
+        return self._single_act[key]
 
     def reference_summary(self) -> dict:
         """What :meth:`reference` measured, JSON-ready (rank 0)."""
@@ -131,9 +142,10 @@ class RankRun:
                              f"got {self.hparams.steps}")
         for _ in range(self.hparams.steps - 1):
             step()
-        act = self.single_activation(plan) if self.rank == 0 else None
+        act = self.single_activation(plan, grads_resident=layout == "data_parallel") if self.rank == 0 else None
         memory = rank_memory(step, module, opt, rank=self.rank, on_cuda=self.on_cuda,
-                             predicted=predict(self.param_bytes, act, self.world, layout))
+                             predicted=predict(self.param_bytes, act, self.world, layout,
+                                               layer_bytes=self.layer_bytes, root_bytes=self.root_bytes))
         return full_params(module), memory
 
     def _agree(self, same: bool) -> bool:

@@ -116,7 +116,9 @@ def markdown_sections(report: dict) -> list[str]:
              "parameters over the axis that splits them, `act pred` = single-device activations over the batch "
              "shards (tensor parallel: times Korthikanti et al.'s ratio) plus the per-layer collective buffers "
              "(fully sharded: one layer gathered whole and its whole gradient; data parallel: one layer's gradient "
-             "all-reduce). docs/sharding.md explains each column.", ""]
+             "all-reduce); PyTorch: single-device activations over the ranks, with the gradients resident for DDP "
+             "(its buckets), plus FSDP2's root parameters and three whole blocks gathered. docs/sharding.md and "
+             "docs/sharding-torch.md explain each column.", ""]
     if d.get("processes", 1) > 1:
         parts += [f"Each JAX mesh also ran spread over {d['processes']} processes (`jax.distributed.initialize` over "
                   "127.0.0.1, CPU collectives over gloo; the path that spans hosts): its section checks each plan "

@@ -79,6 +79,16 @@ def test_per_rank_memory_falls_with_sharding_and_remat(run):
         assert mem[(mesh, "none")].params_bytes == mem[(mesh, "none")].predicted["params_bytes"]
 
 
+def test_per_rank_activations_beside_their_prediction(run):
+    # DDP: single-device activations with the gradients resident, / W; FSDP2: lazy gradients, / W, plus the
+    # root's parameters and three gathered blocks. Measured 0.91 .. 1.31 here (gpt-tiny); without the
+    # gathered term FSDP2 was 1.69 / 4.9, and DDP on the lazy-gradient basis 2.2 under sqrt.
+    _, rows = run
+    for r in rows:
+        ratio = r.memory.activation_bytes / r.memory.predicted["activation_bytes"]
+        assert 0.8 <= ratio <= 1.5, (r.mesh, r.schedule, ratio)  # margin: FSDP2 buffers live by the ranks timing
+
+
 @pytest.mark.parametrize("args, message", [
     (("gpt-tiny", 3, ("full",)), "does not divide"),
     (("gpt-tiny", 1, ("full",)), "world_size must be"),
