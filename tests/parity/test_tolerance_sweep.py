@@ -62,16 +62,15 @@ def test_sweep_torch_path_is_the_runners_bitwise():
 
 @pytest.mark.skipif(not TWO_CPUS, reason="needs 2 CPUs to run 1 and 2 threads")
 def test_cross_framework_within_tolerance_across_instruction_sets_and_threads():
-    """gpt-tiny under SSE4.2 / AVX2 code in both frameworks, 1 and 2 threads, each in a fresh process.
+    """gpt-tiny under SSE4.2 code on 1 thread and AVX2 code on 2 threads, in both frameworks, each in a fresh process.
 
-    Two workers run at a time (most of a worker's time is XLA's single-threaded compile): the
-    1-thread ones pinned to different CPUs, the 2-thread ones on both. Sharing CPUs makes a
-    worker slower, not different: its thread counts are fixed when it starts.
+    The two workers run side by side (most of a worker's time is XLA's single-threaded compile).
+    Sharing CPUs makes a worker slower, not different: its thread counts are fixed when it starts.
+    The whole grid (every instruction set by every thread count) is ``python -m parity.experiments.tolerance_sweep``.
     """
     cpus = sorted(os.sched_getaffinity(0))[:2]
     narrow, wide = ("SSE4_2", "default"), ("AVX2", "avx2")
-    jobs = [(Setting(*narrow, 1), cpus[:1]), (Setting(*wide, 1), cpus[1:]),
-            (Setting(*narrow, 2), cpus), (Setting(*wide, 2), cpus)]
+    jobs = [(Setting(*narrow, 1), cpus[:1]), (Setting(*wide, 2), cpus)]
     run = lambda sc: run_setting(sc[0], "gpt-tiny", {"float32": ["none"]}, eager=False, timeout_s=300,  # noqa: E731
                                  cpus=sc[1])
     with ThreadPoolExecutor(2) as pool:
@@ -84,7 +83,7 @@ def test_cross_framework_within_tolerance_across_instruction_sets_and_threads():
         if regs is not None:  # None without objdump
             assert (regs["ymm"] == 0 < regs["xmm"]) if s["xla_isa"] == "SSE4_2" else regs["ymm"] > 0
     found = list(rows(results))
-    assert len(found) == 4 and all(np.isfinite(x["grads_err"]) and x["grads_err"] > 0 for x in found)
+    assert len(found) == 2 and all(np.isfinite(x["grads_err"]) and x["grads_err"] > 0 for x in found)
     assert all(x["ok"] for x in found), markdown(results)
     assert {s["quantity"] for s in summary(results)} == {"loss", "grads"}
 
