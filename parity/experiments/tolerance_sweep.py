@@ -108,10 +108,24 @@ def supported(names, flags: set[str]) -> list[str]:
     return [n for n in names if _CPU_FLAG[n] is None or _CPU_FLAG[n] in flags]
 
 
-def default_settings(flags: set[str] | None = None, threads=(1, 2)) -> list[Setting]:
-    """Every supported XLA ISA x ATen capability x thread count, plus Eigen dots and MKL COMPATIBLE."""
+def default_settings(flags: set[str] | None = None, threads=(1, 2), isas=None) -> list[Setting]:
+    """Every supported XLA ISA x ATen capability x thread count, plus Eigen dots and MKL COMPATIBLE.
+
+    ``isas``: only these XLA instruction sets (``--isa``; the kernel variants run at the widest of them).
+
+    Raises:
+        ValueError: ``isas`` names an instruction set that is unknown or that this CPU lacks.
+    """
     flags = cpu_flags() if flags is None else flags
-    isas, caps = supported(XLA_ISAS, flags), supported(ATEN_CAPABILITIES, flags)
+    isas_here, caps = supported(XLA_ISAS, flags), supported(ATEN_CAPABILITIES, flags)
+    if isas is None:
+        isas = isas_here
+    else:
+        bad = [i for i in isas if i not in isas_here]
+        if bad or not isas:
+            raise ValueError(f"--isa {','.join(isas) or repr('')}: this CPU runs {', '.join(isas_here)}; "
+                             "give one or more of them")
+        isas = [i for i in isas_here if i in isas]
     grid = [Setting(i, c, t) for i in isas for c in caps for t in threads]
     top_isa, top_cap = isas[-1], caps[-1]
     kernels = [Setting(top_isa, top_cap, t, xla_dots="eigen") for t in threads]
@@ -282,16 +296,23 @@ def main(argv=None) -> int:
     ap.add_argument("--no-eager", action="store_true",
                     help="skip JAX op by op (run on none, float32, in the 1-thread settings)")
     ap.add_argument("--resume", action="store_true", help="keep the results in --out/sweep.json, run the rest")
+    ap.add_argument("--isa", default=None, help=f"comma-separated XLA instruction sets to run, from {', '.join(XLA_ISAS)} "
+                    "(default: every one this CPU runs)")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     if not models or any(m not in RUNS for m in models):
         print(f"error: --models takes names from {', '.join(RUNS)}, got {args.models!r}", file=sys.stderr)
         return 2
+    try:
+        settings = default_settings(isas=None if args.isa is None else [i.strip() for i in args.isa.split(",") if i.strip()])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = json.loads((out / "sweep.json").read_text()) if args.resume and (out / "sweep.json").exists() else []
     done = {(r["setting"]["name"], r["spec"]["model"]) for r in results}
-    jobs = [(s, m) for s in default_settings() for m in models if (s.name, m) not in done]
+    jobs = [(s, m) for s in settings for m in models if (s.name, m) not in done]
 
     def on_result(r):
         results.append(r)

@@ -41,6 +41,16 @@ def test_default_settings_follow_the_cpus_instruction_sets():
     assert {s.xla_isa for s in wide} >= {"AVX512"} and {s.aten for s in wide} >= {"avx512"}
 
 
+def test_default_settings_take_only_the_instruction_sets_asked_for():
+    avx512 = {"sse4_2", "avx", "avx2", "avx512f"}
+    only = default_settings(avx512, isas=["AVX512"])
+    assert {s.xla_isa for s in only} == {"AVX512"} and len(only) == 3 * 2 + 4
+    assert {s.xla_isa for s in default_settings(avx512, isas=["AVX512", "SSE4_2"])} == {"SSE4_2", "AVX512"}
+    for bad in (["AVX512"], ["AVX3"], []):
+        with pytest.raises(ValueError, match="this CPU runs SSE4_2, AVX, AVX2; give one or more"):
+            default_settings({"sse4_2", "avx", "avx2"}, isas=bad)
+
+
 @pytest.mark.parametrize("setting", [Setting("AVX2", "avx512", 1), Setting("AVX512", "avx2", 1)])
 def test_run_setting_refuses_an_instruction_set_this_cpu_lacks(setting, monkeypatch):
     # ATen takes avx512 as given and dies of SIGILL; XLA would silently cap AVX512 at AVX2
