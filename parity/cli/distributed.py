@@ -60,13 +60,15 @@ def _options(args):
 
     cfg = preset.config
     specs = check_meshes("--mesh", ";".join(DEFAULT_MESHES) if args.mesh is None else args.mesh)
-    _check_meshes_fit(specs, devices)
     processes = 1 if args.processes is None else args.processes
     if processes < 1:
         raise ValueError(f"--processes must be >= 1, got {processes}")
-    for ms in specs:  # one line for a mesh that does not divide the model or the processes, before any work
+    # one line for a mesh that does not divide the model or the processes, before any work; before the
+    # device count, whose fix (--devices N) would not help such a mesh
+    for ms in specs:
         check_divides(ms, cfg, preset.batch_size)
         check_processes(ms.text, processes)
+    _check_meshes_fit(specs, devices)
     canonical = [ms.text for ms in specs]
     # a bad plan is bad input (exit 2), found before any worker starts
     plans = check_plans(DEFAULT_PLANS if args.schedules is None else args.schedules, cfg.n_layer)

@@ -295,22 +295,22 @@ def markdown(report: dict) -> str:
         f"d_ff {cfg.get('d_ff')}; batch {data}; AdamW {report['hparams']['steps']} steps "
         f"(lr {report['hparams']['learning_rate']:g}); seed {report['seed']}.",
         "",
-        "Each case compares one schedule with `none` in the same framework and mode, byte for byte "
-        "(the `none` row compares two runs of itself). `saved` = activation bytes kept for the backward "
-        "pass in device memory (parameters excluded); `offloaded` = bytes a policy moved to host memory "
-        "instead; `saved pred` = the per-layer model's prediction of `saved`, as a relative gap "
-        "(`!` above 10%); `peak act` = measured peak less parameters, gradients and optimizer state, "
-        "`peak act pred` its prediction's gap; `peak act/none` the measured peak activation over `none`'s "
-        "(`NO`: the plan promises a saving, keeping fewer activations, and does not realize it: status `no_saving`); `names as declared` = one checkpointed block keeps exactly the activation names its "
-        "policy declares (see below); `peak` = peak bytes of one training step (source per case in "
-        "report.json); `units/none` = the chain model's peak units (segments + longest segment) over "
-        "`none`'s; `time/none` = median step time over `none`'s; `time/none range` = the lowest and highest "
-        "ratio any pair of timed steps gives (min over `none`'s max to max over `none`'s min): a range that "
-        "holds 1.00 is noise at these repeats. Machine and library versions: `environment` in report.json.",
-        "",
     ]
-    if report["cases"] or not report.get("distributed"):
-        parts += [_md_table(*case_table(report)), ""]
+    if report["cases"] or not report.get("distributed"):  # the case table and its legend
+        parts += [
+            "Each case compares one schedule with `none` in the same framework and mode, byte for byte "
+            "(the `none` row compares two runs of itself). `saved` = activation bytes kept for the backward "
+            "pass in device memory (parameters excluded); `offloaded` = bytes a policy moved to host memory "
+            "instead; `saved pred` = the per-layer model's prediction of `saved`, as a relative gap "
+            "(`!` above 10%); `peak act` = measured peak less parameters, gradients and optimizer state, "
+            "`peak act pred` its prediction's gap; `peak act/none` the measured peak activation over `none`'s "
+            "(`NO`: the plan promises a saving, keeping fewer activations, and does not realize it: status `no_saving`); `names as declared` = one checkpointed block keeps exactly the activation names its "
+            "policy declares (see below); `peak` = peak bytes of one training step (source per case in "
+            "report.json); `units/none` = the chain model's peak units (segments + longest segment) over "
+            "`none`'s; `time/none` = median step time over `none`'s; `time/none range` = the lowest and highest "
+            "ratio any pair of timed steps gives (min over `none`'s max to max over `none`'s min): a range that "
+            "holds 1.00 is noise at these repeats. Machine and library versions: `environment` in report.json.",
+            "", _md_table(*case_table(report)), ""]
     if report.get("distributed"):
         parts += distributed_report.markdown_sections(report)
     if report.get("peer"):

@@ -128,8 +128,10 @@ def test_bad_mesh_spec():
     (["--schedules", "full,full+save_nothing"], "'full+save_nothing' is 'full' listed twice"),
     (["--devices", "3"], "3 meshes data=2 (2 devices), fsdp=4 (4 devices) and data=2,model=2 (4 devices) do not "
                          "divide --devices 3; pass --devices 4 (fits every mesh) or a --mesh whose mesh sizes divide 3"),
-    (["--devices", "4", "--mesh", "data=2;data=3"], "mesh data=3 (3 devices) does not divide --devices 4; pass "
-                                                    "--devices 6"),
+    (["--devices", "4", "--mesh", "data=2;data=2,model=4"], "mesh data=2,model=4 (8 devices) does not divide "
+                                                            "--devices 4; pass --devices 8"),
+    # a mesh that does not divide the batch is told so, not sent to a --devices that would fail on the batch
+    (["--mesh", "fsdp=3"], "mesh fsdp=3: batch size 4 is not divisible by 3"),
     (["--model", "minilm-l6"], "supports the GPT family presets (gpt-small, gpt-tiny); --model minilm-l6 (arch bert: "
                                "BERT-style post-LayerNorm encoder"),
     (["--processes", "3"], "--processes 3 does not divide mesh data=2's 2 devices (each process takes an equal "

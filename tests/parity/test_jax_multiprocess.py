@@ -228,6 +228,19 @@ def test_report_names_the_one_process_measurements():
     assert line in markdown_sections(report)
 
 
+def test_distributed_report_markdown_has_no_single_device_case_legend():
+    # the legend explains the single-device case table's columns; a distributed report has no such table
+    from parity.report.suite_report import markdown
+
+    section = {"framework": "jax", "mesh": "data=2", "layout": "data_parallel", "processes": 1, "rows": []}
+    report = {"suite": "distributed", "model": "gpt-tiny", "config": {"n_layer": 2}, "batch_size": 2, "seq_len": 8,
+              "hparams": {"steps": 3, "learning_rate": 1e-3}, "seed": 0, "cases": [], "cross_framework": [],
+              "distributed": {"devices": 4, "processes": 1, "meshes": [section]}, "complete": True}
+    text = markdown(report)
+    assert "## Past one device" in text and "jax data=2" in text and "`saved pred`" not in text
+    assert "`saved pred`" in markdown({**report, "distributed": None})
+
+
 def test_trained_bound_is_far_below_one_adamw_step():
     # TRAINED_EPS must catch a wrong step: one AdamW step fewer moves every trained tensor by far more
     import dataclasses
