@@ -59,14 +59,24 @@ def writable_dir(out: Path) -> Path:
 
 def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_FILES) -> str | None:
     """Create ``out`` if needed (:func:`writable_dir`) and keep a previous report (``files``); return a message
-    about what was kept.
+    about what was kept. With ``overwrite`` nothing is kept: the report's files are rewritten by the new
+    run, and a folder among ``files`` (the distributed suite's ``distributed/``) is removed first.
 
     Raises:
         OutputDirError: ``out`` exists and is not a directory, or cannot be written.
     """
     writable_dir(out)
     existing = [f for f in files if (out / f).exists()]
-    if not existing or overwrite:
+    if overwrite:  # a folder of the previous report goes whole (its files would mix with the new run's)
+        try:
+            for f in existing:
+                if (out / f).is_dir() and not (out / f).is_symlink():
+                    shutil.rmtree(out / f)
+        except OSError as exc:
+            raise OutputDirError(f"cannot replace the previous {out / f}: {exc.strerror or exc}; remove it or pass "
+                                 "another --out") from None
+        return None
+    if not existing:
         return None
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     keep = out / "previous" / stamp

@@ -245,6 +245,25 @@ def test_previous_report_keeps_its_gradient_files(tmp_path, capsys, monkeypatch)
     assert (kept / "report.json").read_text() == "{}"
 
 
+def test_overwrite_replaces_the_previous_distributed_files(tmp_path, monkeypatch):
+    # --overwrite: no file of the previous run stays beside the new run's (a stale mesh folder would look current)
+    from parity.cli import distributed as cli_distributed
+    from parity.distributed.suite import WorkerError
+
+    out = tmp_path / "r"
+    (out / "distributed" / "jax_fsdp4_processes2").mkdir(parents=True)
+    (out / "report.json").write_text("{}")
+
+    def fail(*args, **kwargs):
+        assert not (out / "distributed").exists()
+        raise WorkerError("stopped here")
+
+    monkeypatch.setattr(cli_distributed, "run_distributed", fail)
+    rc = main(["run", "--suite", "distributed", "--model", "gpt-tiny", "--mesh", "data=2", "--frameworks", "jax",
+               "--out", str(out), "--no-progress", "--overwrite"])
+    assert rc == 1 and not (out / "previous").exists()
+
+
 def test_cross_row_without_a_jax_peer_renders():
     from parity.report.suite_report import cross_row
 
