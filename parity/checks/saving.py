@@ -14,6 +14,10 @@ Causes, in the order they are checked:
   below ``none``'s: e.g. ``every_k(k)`` with k >= N recomputes the whole stack at once);
 * JAX: the compiled program holds no more matrix products than ``none``'s, so XLA removed the
   recompute (merged it with the forward pass);
+* PyTorch: at the step's peak no saved activation is live (MemTracker's ``ACT`` category under
+  :data:`NO_LIVE_ACTIVATION` of ``none``'s saved bytes) in the plan's step nor in ``none``'s: the
+  peak is set after the blocks' backward (by a temporary such as the dense gradient of a large
+  embedding), so the activations remat removes never reach it;
 * otherwise the recompute is in the program, but the scheduler or allocator kept buffers live as
   long as without remat.
 """
@@ -28,6 +32,9 @@ from parity.runners.result import RunResult
 
 MIN_PROMISED = 0.01
 """A plan promises a saving when its saved residual bytes are at least this fraction below ``none``'s."""
+
+NO_LIVE_ACTIVATION = 0.01
+"""A PyTorch peak with MemTracker ``ACT`` bytes below this fraction of ``none``'s saved bytes holds no activation."""
 
 STATUS = "no_saving"
 """The status of a case whose plan promises a saving that its measured peak does not realize."""
@@ -52,6 +59,16 @@ def _cause(framework: str, res: RunResult, ref: RunResult, predicted_ratio: floa
     if framework == "jax" and dots is not None and dots_ref is not None and dots <= dots_ref:
         return (f"XLA removed the recompute: the compiled program has {dots} matrix products, as many as "
                 f"without remat ({dots_ref}); run the stack through jaxremat.render.remat_scan")
+    if framework == "torch":
+        lines = [(r.memory.peak_breakdown or {}) if r.memory is not None else {} for r in (res, ref)]
+        saved_ref = ref.memory.saved_bytes if ref.memory is not None else None
+        if saved_ref and all("ACT" in b for b in lines) and \
+                max(int(b["ACT"]) for b in lines) < NO_LIVE_ACTIVATION * saved_ref:
+            b = lines[0]
+            return (f"the step's peak lies after the blocks' backward, where no saved activation is live (MemTracker "
+                    f"at the peak: ACT {int(b['ACT'])} B, TEMP {int(b.get('TEMP', 0)) / 2**20:.1f} MiB, e.g. a dense "
+                    f"embedding gradient; none's activations, {saved_ref / 2**20:.1f} MiB, are below it): remat cannot "
+                    f"lower this step's peak at this batch and length")
     what = ("XLA scheduled the recompute's buffers to be live as long as without remat"
             if framework == "jax" else "the allocator's peak did not drop (activations kept by something else)")
     return f"the recompute is in the program, but {what}"

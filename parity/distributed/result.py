@@ -16,10 +16,12 @@ from typing import Any, Mapping
 def grads_file_name(framework: str, mesh: str) -> str:
     """File name of a mesh's ``none`` gradients, one style for both frameworks.
 
-    ``grads_file_name("jax", "data=2,model=2")`` is ``jax_data2_model2_none_grads.safetensors``;
-    ``grads_file_name("torch", "fsdp2=2")`` is ``torch_fsdp22_none_grads.safetensors``.
+    ``grads_file_name("jax", "data=2,model=2")`` is ``jax_data-2_model-2_none_grads.safetensors``;
+    ``grads_file_name("torch", "fsdp2=2")`` is ``torch_fsdp2-2_none_grads.safetensors`` (``-`` keeps an
+    axis name that ends in a digit apart from its size).
     """
-    return f"{framework}_" + mesh.replace("=", "").replace(",", "_") + "_none_grads.safetensors"
+    return f"{framework}_" + mesh.replace("=", "-").replace(",", "_") + "_none_grads.safetensors"
+
 
 @dataclasses.dataclass(frozen=True)
 class DeviceMemory:

@@ -308,3 +308,8 @@ def test_torch_half_gets_the_seed_and_hparams_of_the_run(tmp_path, monkeypatch):
     suite.run_distributed(get_preset("gpt-tiny"), tmp_path, meshes=("data=2",), plans=("none",), frameworks=("torch",),
                           seed=7, hparams=hparams)
     assert seen == {"seed": 7, "hparams": hparams}
+
+
+def test_grads_file_names_keep_axis_and_size_apart():
+    assert grads_file_name("torch", "fsdp2=2") == "torch_fsdp2-2_none_grads.safetensors"
+    assert grads_file_name("jax", "data=2,model=2") == "jax_data-2_model-2_none_grads.safetensors"

@@ -1,5 +1,7 @@
 """parity.checks.saving: a plan that promises a saving its measured peak does not realize fails the run."""
 
+import dataclasses
+
 import numpy as np
 
 from jaxremat.models import TransformerConfig
@@ -40,6 +42,27 @@ def test_promised_but_not_realized_is_no_saving_with_a_cause():
     case = _case("every_k(2)", _res(300, 10_000, 8000))
     assert case["status"] == STATUS and case["saving"]["realized"] is False
     assert "the recompute is in the program" in case["saving"]["cause"]
+
+
+def test_torch_peak_without_live_activations_is_named():
+    # minilm-l6 in PyTorch: the step peaks at the word embedding's dense gradient, after the blocks' backward
+    def at_peak(saved):
+        res = _res(saved, 10_000, 8000)
+        breakdown = {"PARAM": 1000, "GRAD": 500, "ACT": 8, "TEMP": 8000, "OPT": 2000}
+        return RunResult(loss=res.loss, grads={}, trained=None, mode="eager",
+                         memory=dataclasses.replace(res.memory, peak_breakdown=breakdown))
+
+    ref = at_peak(1000)
+    case = {"status": "pass", "schedule": "every_k(2)"}
+    attach_saving(case, "torch", CFG, 2, 8, parse_plan("every_k(2)"), at_peak(300), ref)
+    assert case["status"] == STATUS and "no saved activation is live" in case["saving"]["cause"]
+    assert "ACT 8 B" in case["saving"]["cause"]
+    # with activations live at the peak the cause stays the allocator's
+    live = dataclasses.replace(ref.memory, peak_breakdown={"ACT": 900, "TEMP": 10})
+    ref_live = RunResult(loss=ref.loss, grads={}, trained=None, mode="eager", memory=live)
+    case = {"status": "pass", "schedule": "every_k(2)"}
+    attach_saving(case, "torch", CFG, 2, 8, parse_plan("every_k(2)"), at_peak(300), ref_live)
+    assert "the allocator's peak did not drop" in case["saving"]["cause"]
 
 
 def test_whole_stack_segment_is_blamed_on_the_schedule():
