@@ -86,7 +86,7 @@ def cmd_distributed(args, console) -> int:
     try:
         preset, devices, meshes, plans, frameworks, processes = _options(args)
         # the previous run's gradient files (named in its report.json) are kept with its report
-        lock, kept = cc.claim_out_dir(args.out, args.overwrite, (*REPORT_FILES, "distributed"))
+        lock, kept = cc.claim_out_dir(args.out, args.overwrite, (*REPORT_FILES, "distributed/"))
     except (ValueError, OutputDirError) as exc:
         cc.error(console, exc)
         return 2

@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="parity-report",
                      help="output directory for report.json and report.md (default: parity-report/); a previous "
                      "report there is moved to previous/<timestamp>/ unless --overwrite")
-    run.add_argument("--overwrite", action="store_true", help="replace a previous report in --out instead of keeping it")
+    run.add_argument("--overwrite", action="store_true", help="replace a previous report in --out instead of keeping it (--suite distributed also "
+                     "removes the distributed/ folder its previous run wrote, never one it did not write)")
     run.add_argument("--repeats", type=ascii_int, default=None,
                      help="timed training steps per case, median reported (default: the model's, else 5)")
     run.add_argument("--seed", type=ascii_int, default=0, help="seed of the weights and token windows (default: 0)")

@@ -137,8 +137,9 @@ def check_processes(mesh: str, processes: int) -> None:
 
 
 def processes_dir_name(mesh: str, processes: int) -> str:
-    """Directory of a mesh's multi-process runs, e.g. ``jax_fsdp4_processes2``."""
-    return "jax_" + mesh.replace("=", "").replace(",", "_") + f"_processes{processes}"
+    """Directory of a mesh's multi-process runs, e.g. ``jax_fsdp-4_processes-2`` (the style of
+    :func:`parity.distributed.result.grads_file_name`: ``-`` keeps an axis name from its size)."""
+    return "jax_" + mesh.replace("=", "-").replace(",", "_") + f"_processes-{processes}"
 
 
 def _check_processes_mesh(model, cfg, params, tokens, mesh, plans, hparams, args, out, one):

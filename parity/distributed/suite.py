@@ -28,7 +28,7 @@ from parity.distributed.jax_worker import DEFAULT_MESHES, DEFAULT_PLANS, ROWS_FI
 from parity.distributed.result import DistributedRow
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.train import AdamWConfig
-from parity.report.suite_report import SCHEMA_VERSION
+from parity.report.suite_report import SCHEMA_VERSION, SUITE_MARKER
 
 TORCH_WORKER = "parity.distributed.torch_worker"
 TORCH_WORLD_SIZE = 2
@@ -120,6 +120,8 @@ def run_distributed(preset, out_dir: Path, *, devices: int = 4, meshes: tuple[st
     """
     work = Path(out_dir) / "distributed"
     work.mkdir(parents=True, exist_ok=True)
+    (work / SUITE_MARKER).write_text("written by python -m parity run --suite distributed; --overwrite removes "
+                                     "this folder\n")
     cfg, params, tokens = preset_inputs(preset, "float32", seed)
     report = {"schema": SCHEMA_VERSION, "suite": "distributed", "model": preset.name,
               "config": dataclasses.asdict(cfg), "batch_size": preset.batch_size, "seq_len": preset.seq_len,

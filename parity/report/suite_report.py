@@ -36,6 +36,11 @@ SCHEMA_VERSION = 5
 timing spreads (docs/report-schema.md)."""
 
 
+SUITE_MARKER = ".parity-suite"
+"""A file the distributed suite writes into the folder it creates (``distributed/``): ``--overwrite`` removes a
+folder of the previous report only when it carries this marker, never a folder the user made."""
+
+
 class OutputDirError(Exception):
     """The output directory cannot be used (not a directory, not writable)."""
 
@@ -60,20 +65,33 @@ def writable_dir(out: Path) -> Path:
 def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_FILES) -> str | None:
     """Create ``out`` if needed (:func:`writable_dir`) and keep a previous report (``files``); return a message
     about what was kept. With ``overwrite`` nothing is kept: the report's files are rewritten by the new
-    run, and a folder among ``files`` (the distributed suite's ``distributed/``) is removed first.
+    run, and a folder among ``files`` (a name ending in ``/``: the distributed suite's ``distributed/``) is removed first, with the
+    previous report's files that point into it, but only when the folder carries :data:`SUITE_MARKER`
+    (the suite wrote it).
 
     Raises:
-        OutputDirError: ``out`` exists and is not a directory, or cannot be written.
+        OutputDirError: ``out`` exists and is not a directory, or cannot be written; with ``overwrite``, a
+            folder name among ``files`` is taken by something the suite did not write (a file, a link,
+            a folder without the marker), or cannot be removed.
     """
     writable_dir(out)
-    existing = [f for f in files if (out / f).exists()]
+    existing = [f for f in files if (out / f).exists() or (out / f).is_symlink()]
+    folders = [f for f in files if f.endswith("/")]  # the suite's folders ("distributed/"); the rest are files
     if overwrite:  # a folder of the previous report goes whole (its files would mix with the new run's)
+        for f in folders:
+            path = out / f
+            if f in existing and (path.is_symlink() or not path.is_dir() or not (path / SUITE_MARKER).is_file()):
+                raise OutputDirError(f"{path} is not a folder this suite wrote (no {SUITE_MARKER} file in it), so "
+                                     "--overwrite leaves it alone; move it away or pass another --out")
         try:
             for f in existing:
-                if (out / f).is_dir() and not (out / f).is_symlink():
-                    shutil.rmtree(out / f)
+                path = out / f
+                if f in folders:
+                    shutil.rmtree(path)
+                elif any(g in existing for g in folders):  # the old report.json would point into the removed folder
+                    path.unlink()
         except OSError as exc:
-            raise OutputDirError(f"cannot replace the previous {out / f}: {exc.strerror or exc}; remove it or pass "
+            raise OutputDirError(f"cannot replace the previous {path}: {exc.strerror or exc}; remove it or pass "
                                  "another --out") from None
         return None
     if not existing:

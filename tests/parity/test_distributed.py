@@ -250,8 +250,11 @@ def test_overwrite_replaces_the_previous_distributed_files(tmp_path, monkeypatch
     from parity.cli import distributed as cli_distributed
     from parity.distributed.suite import WorkerError
 
+    from parity.report.suite_report import SUITE_MARKER
+
     out = tmp_path / "r"
-    (out / "distributed" / "jax_fsdp4_processes2").mkdir(parents=True)
+    (out / "distributed" / "jax_fsdp-4_processes-2").mkdir(parents=True)
+    (out / "distributed" / SUITE_MARKER).write_text("")
     (out / "report.json").write_text("{}")
 
     def fail(*args, **kwargs):
@@ -262,6 +265,33 @@ def test_overwrite_replaces_the_previous_distributed_files(tmp_path, monkeypatch
     rc = main(["run", "--suite", "distributed", "--model", "gpt-tiny", "--mesh", "data=2", "--frameworks", "jax",
                "--out", str(out), "--no-progress", "--overwrite"])
     assert rc == 1 and not (out / "previous").exists()
+    assert not (out / "report.json").exists()  # it pointed into the removed folder
+
+
+@pytest.mark.parametrize("kind", ["folder", "file", "link"])
+def test_overwrite_leaves_a_distributed_folder_it_did_not_write(tmp_path, capsys, kind):
+    # --overwrite removes only the folder the suite wrote (its marker file); anything else by that name is
+    # the user's: one line, exit 2, nothing removed
+    out = tmp_path / "r"
+    out.mkdir()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    target = out / "distributed"
+    if kind == "folder":
+        target.mkdir()
+        (target / "notes.txt").write_text("keep me")
+    elif kind == "file":
+        target.write_text("keep me")
+    else:
+        target.symlink_to(mine, target_is_directory=True)
+    (out / "report.json").write_text("{}")
+    rc = main(["run", "--suite", "distributed", "--model", "gpt-tiny", "--mesh", "data=2", "--frameworks", "jax",
+               "--out", str(out), "--no-progress", "--overwrite"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is not a folder this suite wrote" in err and "Traceback" not in err
+    assert (out / "report.json").read_text() == "{}" and (mine / "notes.txt").read_text() == "keep me"
+    assert target.is_symlink() if kind == "link" else target.exists()
 
 
 def test_cross_row_without_a_jax_peer_renders():
