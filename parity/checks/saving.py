@@ -67,8 +67,8 @@ def _cause(framework: str, res: RunResult, ref: RunResult, predicted_ratio: floa
             b = lines[0]
             return (f"the step's peak lies after the blocks' backward, where no saved activation is live (MemTracker "
                     f"at the peak: ACT {int(b['ACT'])} B, TEMP {int(b.get('TEMP', 0)) / 2**20:.1f} MiB, e.g. a dense "
-                    f"embedding gradient; none's activations, {saved_ref / 2**20:.1f} MiB, are below it): remat cannot "
-                    f"lower this step's peak at this batch and length")
+                    f"embedding gradient; none's {saved_ref / 2**20:.1f} MiB of saved activations are freed by then, in its step "
+                    f"as in this one): remat cannot lower this step's peak at this batch and length")
     what = ("XLA scheduled the recompute's buffers to be live as long as without remat"
             if framework == "jax" else "the allocator's peak did not drop (activations kept by something else)")
     return f"the recompute is in the program, but {what}"
