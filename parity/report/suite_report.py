@@ -160,11 +160,14 @@ def _fmt_saving(sv: dict | None) -> str:
     return f"{sv['peak_activation_ratio']:.2f}" + (" NO" if sv.get("realized") is False else "")
 
 
+def _schedule_label(c: dict) -> str:
+    return c["schedule"] if not c.get("variant") else f"{c['variant']}: {c['schedule']}"
+
+
 def case_row(c: dict) -> list[str]:
     """One report case as display strings, in :data:`CASE_COLUMNS` order."""
-    schedule = c["schedule"] if not c.get("variant") else f"{c['variant']}: {c['schedule']}"
     return [
-        c["framework"], c["mode"], c["dtype"], schedule, c["status"],
+        c["framework"], c["mode"], c["dtype"], _schedule_label(c), c["status"],
         _bit(c["grads_bitwise_equal"]), _bit(c["weights_bitwise_equal"]), _bit(c["reverse_loop_bitwise_equal"]),
         "-" if c["max_ulp"] is None else str(c["max_ulp"]), _bit(c.get("names_ok")),
         _fmt_bytes(c["saved_bytes"]), _fmt_ratio(c["saved_ratio"]), _fmt_gap(c.get("saved_gap")),
@@ -287,16 +290,22 @@ def print_tables(report: dict, console: Console | None = None) -> None:
     for c in report["cases"]:
         if c["status"] == "error":
             console.print(Text.assemble(("error", "bold red"),
-                                        f" {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: {c['error']}"))
+                                        f" {case_label(c)}: {c['error']}"))
         if c["status"] == "no_saving":
             console.print(Text(f"no saving: {no_saving_line(c)}", style="red"))
+
+
+def case_label(c: dict) -> str:
+    """A case's name in one line: ``framework/mode dtype [dropout p] schedule`` (dropout only where on)."""
+    drop = f" dropout {c['dropout']:g}" if c.get("dropout") else ""
+    return f"{c['framework']}/{c['mode']} {c['dtype']}{drop} {_schedule_label(c)}"
 
 
 def no_saving_line(c: dict) -> str:
     """One line for a ``no_saving`` case: which plan, its measured peak activation ratio, and why."""
     sv = c.get("saving") or {}
     ratio = sv.get("peak_activation_ratio")
-    return (f"{c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: peak activation "
+    return (f"{case_label(c)}: peak activation "
             f"{'?' if ratio is None else f'{ratio:.2f}'} x none's; {sv.get('cause')}")
 
 
@@ -382,11 +391,11 @@ def markdown(report: dict) -> str:
         parts += [f"- {no_saving_line(c)}" for c in unsaved] + [""]
     errors = [c for c in report["cases"] if c["status"] == "error"]
     if errors:
-        parts += ["## Errors", ""] + [f"- {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: `{c['error']}`" for c in errors] + [""]
+        parts += ["## Errors", ""] + [f"- {case_label(c)}: `{c['error']}`" for c in errors] + [""]
     fails = [c for c in report["cases"] if c["status"] == "fail"]
     if fails:
         parts += ["## Failed checks", ""] + [
-            f"- {c['framework']}/{c['mode']} {c['dtype']} {case_row(c)[3]}: max ULP {c['max_ulp']}, "
+            f"- {case_label(c)}: max ULP {c['max_ulp']}, "
             f"max abs diff {(c['max_abs_diff'] or 0.0):.3e}, differing: {', '.join(c['mismatched']) or 'trained weights/reverse loop'}"
             for c in fails
         ] + [""]

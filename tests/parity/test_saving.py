@@ -120,3 +120,13 @@ def test_jax_whole_stack_segment_measured_is_no_saving():
         attach_saving(case, "jax", cfg, 2, cfg.max_seq_len, parse_plan(name), run(name), ref)
         assert case["status"] == expect, (name, case["saving"])
     assert parse_schedule("sqrt").segments_for(2)[0].checkpointed
+
+
+def test_no_saving_lines_tell_dropout_cases_apart():
+    # minilm-l6 runs every plan with dropout 0 and 0.1: each no_saving line names which
+    from parity.report.suite_report import no_saving_line
+
+    base = {"framework": "torch", "mode": "eager", "dtype": "float32", "schedule": "sqrt", "status": STATUS,
+            "saving": {"peak_activation_ratio": 1.0, "cause": "why"}}
+    off, on = no_saving_line({**base, "dropout": 0.0}), no_saving_line({**base, "dropout": 0.1})
+    assert off.startswith("torch/eager float32 sqrt:") and on.startswith("torch/eager float32 dropout 0.1 sqrt:")
