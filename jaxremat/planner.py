@@ -184,7 +184,7 @@ def gpt_block_options(cfg: TransformerConfig, batch: int, seq: int,
         ValueError: bad sizes, dropout (the account covers dropout 0), a family other than GPT,
             or a bad menu.
     """
-    account.layer_bytes("jax", cfg, batch, seq)  # checks sizes and dropout
+    account.check_sizes("jax", cfg, batch, seq)  # sizes and dropout
     return list(_cached_gpt_menu(cfg, batch, seq, _check_menu(policies)))
 
 
@@ -206,7 +206,9 @@ def gpt_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence =
     menu = gpt_block_options(cfg, batch, seq, policies)
     return {"options_per_block": [menu] * cfg.n_layer,
             "boundary_bytes": account.boundary_bytes(cfg, batch, seq),
-            "invariant_bytes": account.stack_invariant_bytes("jax", cfg, batch, seq),
+            # fused attention: its own mask, measured in the menus' segment bytes, not the account's
+            "invariant_bytes": (account.stack_invariant_bytes("jax", cfg, batch, seq)
+                                if cfg.attention == "materialized" else 0),
             "fixed_bytes": account.non_stack_peak_bytes("jax", cfg, batch, seq)}
 
 

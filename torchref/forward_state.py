@@ -137,6 +137,8 @@ class _WriteGuard(TorchDispatchMode):
 
 def _storage(t: torch.Tensor) -> int:
     try:
+        if is_fake(t) or t.is_meta:  # no memory, address 0: the storage object (one per storage) stands for it
+            return id(t.untyped_storage())
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without storage (subclasses)
         return id(t)
