@@ -37,7 +37,7 @@ from jaxremat.models import TransformerConfig, get_model, param_shapes
 from jaxremat.models.gpt import activation as account
 from jaxremat.spec.plan import RematPlan, parse_plan
 from torchref.estimate import PlanEstimate, estimate_step
-from torchref.model import Block, torch_dtype
+from torchref.model import Block, compute_context, torch_dtype
 from torchref.planner import DEFAULT_MENU, block_options, model_chain
 
 from parity.report.environment import available_memory_bytes
@@ -96,7 +96,7 @@ def fake_chain(cfg: TransformerConfig, batch: int, seq: int, policies=DEFAULT_ME
 
 @functools.lru_cache(maxsize=8)
 def _fake_gpt_menu(cfg: TransformerConfig, batch: int, seq: int, policies: tuple) -> tuple:
-    with FakeTensorMode():
+    with FakeTensorMode(), compute_context(cfg):  # autocast as the model runs its blocks (bfloat16 compute)
         block = Block(cfg)
         x = torch.randn(batch, seq, cfg.d_model, dtype=torch_dtype(cfg))
         return tuple(block_options(block, x, policies))
