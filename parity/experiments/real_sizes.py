@@ -30,7 +30,7 @@ SEED_PLANS = ("every_k(2)", "sqrt", "full+attention_only")
 SEED_A100_GB = {"none": 47, "every_k(2)": 28, "sqrt": 24, "full+attention_only": 31}
 """Seed 002's A100 80GB measurements (GB of GPU memory; its rows: no checkpointing, uniform every 2 layers,
 sqrt (every 5 layers), selective attention-only)."""
-UNIFORM = ("full", "every_k(2)", "every_k(3)", "every_k(4)", "segments(2)", "segments(4)", "sqrt")
+UNIFORM = ("full", "every_k(2)", "every_k(3)", "every_k(4)", "every_k(5)", "segments(2)", "sqrt")
 FRAMEWORKS = {"jax": jax_estimate, "torch": torch_estimate}
 
 

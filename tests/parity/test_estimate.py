@@ -134,3 +134,41 @@ def test_table_fits_100_columns_and_spells_long_plans_below():
     md = estimate_table.markdown_table(rows)
     assert f"`{long}`" in md and "| total GiB |" in md and "- torch: torch backend" in md
     assert json.loads(estimate_table.to_json(rows, {"name": "gpt-1.3b"}))["rows"][1]["ratio_to_none"] == 61 / 131
+
+
+def _chain(n=8):
+    from jaxremat.spec.planner import BlockOption
+    store = BlockOption("store", False, kept_bytes=100, working_bytes=100)
+    ckpt = BlockOption("save_nothing", True, "save_nothing", kept_bytes=0, working_bytes=100, recompute_flops=1e9)
+    return {"options_per_block": [[store, ckpt]] * n, "boundary_bytes": 10, "invariant_bytes": 0, "fixed_bytes": 0}
+
+
+def _none_row(act=800):
+    return {"framework": "jax", "plan": "none", "parameters_bytes": 1000, "gradients_bytes": 1000,
+            "adamw_state_bytes": 2000, "activation_peak_bytes": act, "total_peak_bytes": 4000 + act}
+
+
+def test_budget_plan_is_re_chosen_until_its_own_estimate_fits():
+    seen = []
+
+    def measure(plan):  # the "compiled" figure runs 100 bytes over the chain's prediction
+        from jaxremat.spec.planner import chain_costs
+        segs = [(s.length, "save_nothing" if s.checkpointed else "store") for s in plan.segments_for(8)]
+        seen.append(plan.name)
+        return {**_none_row(), "plan": plan.name,
+                "total_peak_bytes": 4000 + chain_costs(_chain()["options_per_block"], segs, 10)[0] + 100}
+
+    row = estimate_budget.plan_within_budget(4500, _none_row(), _chain(), 8, measure, "jax")
+    assert len(seen) == 2 and row["plan"] == seen[-1] and row["total_peak_bytes"] <= 4500
+    attempts = row["budget"]["attempts"]
+    assert [a["within_budget"] for a in attempts] == [False, True] and attempts[1]["target_bytes"] < attempts[0][
+        "target_bytes"]
+
+
+def test_budget_not_met_after_the_attempts_is_one_line_with_the_lowest_row():
+    measure = lambda plan: {**_none_row(), "plan": plan.name, "total_peak_bytes": 10**6}  # noqa: E731
+    with pytest.raises(estimate_budget.BudgetNotMet, match="no plan was estimated within the budget") as info:
+        estimate_budget.plan_within_budget(4500, _none_row(), _chain(), 8, measure, "torch")
+    assert "\n" not in str(info.value) and info.value.row["budget"]["within_budget"] is False
+    with pytest.raises(ValueError, match="below anything a plan reaches in jax"):
+        estimate_budget.plan_within_budget(3999, _none_row(), _chain(), 8, measure, "jax")
