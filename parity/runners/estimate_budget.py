@@ -112,8 +112,8 @@ def fmt_bytes(n: float) -> str:
 
 FLOOR_FRACTION = 0.5
 """The share of the chain's least predicted activation peak the pre-compile floor counts on. The chain
-model leaves out single ops' working buffers and cannot see XLA's buffer reuse: against the compiled or
-fake-tensor estimate of the same plan it was 0.93x to 1.22x (JAX and PyTorch, gpt2-124m and gpt-1.3b,
+model leaves out single ops' working buffers and XLA's buffer reuse: the least activation peak estimated
+for any plan was 0.70x to 1.03x the chain's least prediction (JAX and PyTorch, gpt2-124m and gpt-1.3b,
 docs/real-sizes.md), so half of it is a floor no plan goes under by a wide margin."""
 
 
