@@ -3,16 +3,19 @@
 :func:`estimate` builds the model and its inputs under ``torch._subclasses.fake_tensor.FakeTensorMode``
 (tensors with a shape, a dtype and a device, and no data) and runs one training step there: the
 optimizer state allocated, then ``zero_grad``, the loss under the plan
-(:func:`torchref.render.forward_blocks`) and its backward pass, under
-``torch.distributed._tools.mem_tracker.MemTracker`` (every storage created and freed, filed by
-category: parameters, buffers, gradients, activations, temporaries, optimizer state). Every op runs its fake implementation, which computes
-output shapes only, so a 1.3B-parameter GPT at B=8, T=2048 is stepped in seconds in a few hundred MB.
+(:func:`torchref.render.forward_blocks`) and its backward pass, counting every storage created and
+freed (:class:`LivePeak`; or ``torch.distributed._tools.mem_tracker.MemTracker``, which files each by
+category and is what the harness measures real steps with: the two agree to the byte, and the live
+count costs O(1) per op where MemTracker's grows with the live storages). Every op runs its fake
+implementation, which computes output shapes only, so a 1.3B-parameter GPT at B=8, T=2048 is stepped
+in seconds in a few hundred MB.
 
 The step is the one the harness measures on real tensors (:func:`parity.runners.torch_runner.run_schedule`):
 AdamW's state held, gradients freed, the forward and backward pass; the optimizer's own update is left
 out, as there (at a large vocabulary its foreach temporaries of the parameters' size would be the peak).
-Run with ``fake=False`` it measures the same step on real tensors, the check of the estimate:
-``tests/torchref/test_estimate.py`` compares the two, and docs/real-sizes.md gives the margin.
+Run with ``fake=False, tracker="memtracker"`` it measures the same step on real tensors as the harness
+does, the check of the estimate: ``tests/torchref/test_estimate.py`` compares the two, and
+docs/real-sizes.md gives the margin.
 
 What fake tensors need from the code they run: no value may decide anything. The project's models
 skip their token-id range check for fake tensors (:func:`torchref.model.holds_values`), and the
@@ -34,21 +37,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 import time
 import types
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from jaxremat.spec.plan import RematPlan, parse_plan
 
 from .render import forward_blocks
 
-__all__ = ["DEFAULT_PLANS", "NOT_ACTIVATION", "PlanEstimate", "estimate", "estimate_step"]
+__all__ = ["DEFAULT_PLANS", "LivePeak", "NOT_ACTIVATION", "PlanEstimate", "estimate", "estimate_step"]
 
 DEFAULT_PLANS = ("none", "every_k(2)", "sqrt", "full", "full+attention_only")
 """The plans estimated when none are given (as :data:`jaxremat.estimate.DEFAULT_PLANS`)."""
@@ -68,8 +76,9 @@ class PlanEstimate:
             ``BUFFER``, ``GRAD`` and ``OPT`` at the peak (gradients: those allocated by then).
         activation_bytes: ``peak_bytes`` less those four (activations, temporaries and the rest).
         time_s: seconds the estimate took (building the model, the step).
-        backend: what measured it, e.g. ``"torch FakeTensorMode + MemTracker (cpu)"``.
-        breakdown: every MemTracker category at the peak, by name.
+        backend: what measured it, e.g. ``"torch FakeTensorMode + live storage bytes (cpu)"``.
+        breakdown: the categories at the peak, by name: ``PARAM``, ``BUFFER``, ``GRAD``, ``OPT`` and
+            ``ACT+TEMP`` (the live count) or MemTracker's own (``ACT``, ``TEMP``, ``OTH`` for the rest).
     """
 
     plan: str
@@ -93,8 +102,71 @@ def _allocate_optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> 
     opt.zero_grad(set_to_none=True)
 
 
+class LivePeak(TorchDispatchMode):
+    """The peak of the bytes of storages created while the mode is active, and the op count at which
+    each was created: :class:`torchref.live_bytes.LiveBytesTracker`'s count (a weak reference per new
+    storage, O(1) per op), plus the creation order, so that the gradients held at the peak can be told
+    apart after the step (they are created during the backward pass and never freed in it).
+
+    Args:
+        exclude: tensors whose storages existed before and are counted apart (parameters, buffers,
+            optimizer state); an input's storage is counted when an op first returns a view of it.
+
+    Attributes:
+        live_bytes, peak_bytes: bytes of created storages alive now, and at most.
+        peak_op: the op count at the peak.
+    """
+
+    def __init__(self, exclude: Sequence[torch.Tensor] = ()):
+        super().__init__()
+        self._seen = WeakIdKeyDictionary()
+        for t in exclude:
+            self._seen[t.untyped_storage()] = None
+        self._created = WeakIdKeyDictionary()
+        self.live_bytes = self.peak_bytes = self.peak_op = self._ops = 0
+
+    def _freed(self, nbytes: int, _ref) -> None:
+        self.live_bytes -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._ops += 1
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+                continue
+            st = t.untyped_storage()
+            if st in self._seen:
+                continue
+            nbytes = int(st.nbytes())
+            self._seen[st] = weakref.ref(st, functools.partial(self._freed, nbytes))
+            self._created[st] = self._ops
+            self.live_bytes += nbytes
+            if self.live_bytes > self.peak_bytes:
+                self.peak_bytes, self.peak_op = self.live_bytes, self._ops
+        return out
+
+    def created_by_peak(self, tensors) -> int:
+        """Bytes of the storages of ``tensors`` that this mode saw created at or before the peak."""
+        seen, total = set(), 0
+        for t in tensors:
+            st = t.untyped_storage()
+            if id(st) not in seen and self._created.get(st, self.peak_op + 1) <= self.peak_op:
+                seen.add(id(st))
+                total += int(st.nbytes())
+        return total
+
+
+def _storage_bytes(tensors) -> int:
+    return sum({id(t.untyped_storage()): int(t.untyped_storage().nbytes()) for t in tensors}.values())
+
+
+def _optimizer_tensors(opt) -> list:
+    return [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
 def estimate_step(build: Callable[[], tuple[nn.Module, tuple]], plan: "str | RematPlan",
-                  loss: Callable[..., torch.Tensor], *, optimizer: bool = True, fake: bool = True) -> PlanEstimate:
+                  loss: Callable[..., torch.Tensor], *, optimizer: bool = True, fake: bool = True,
+                  tracker: str = "live") -> PlanEstimate:
     """The peak of one training step of ``build()``'s model under ``plan`` (module docstring).
 
     Args:
@@ -104,10 +176,18 @@ def estimate_step(build: Callable[[], tuple[nn.Module, tuple]], plan: "str | Rem
         loss: ``loss(module, plan, *inputs) -> 0-d tensor``, the plan a RematPlan.
         optimizer: hold AdamW's state (``torch.optim.AdamW`` defaults) during the step.
         fake: False runs the same step on real tensors (the check of the estimate).
+        tracker: ``"live"`` (:class:`LivePeak`: O(1) per op; the peak is what existed before --
+            parameters, buffers, optimizer state -- plus the created storages' peak, gradients among
+            them) or ``"memtracker"`` (``torch.distributed._tools.mem_tracker.MemTracker``, as the
+            harness measures real steps; its bookkeeping costs O(live storages) per op, minutes at
+            a few dozen layers). The two agree to the byte (``tests/torchref/test_estimate.py``).
 
     Raises:
-        RuntimeError: MemTracker saw no memory.
+        ValueError: an unknown tracker.
+        RuntimeError: the tracker saw no memory.
     """
+    if tracker not in ("live", "memtracker"):
+        raise ValueError(f"tracker must be 'live' or 'memtracker', got {tracker!r}")
     plan = parse_plan(plan)
     t0 = time.perf_counter()
     with FakeTensorMode() if fake else contextlib.nullcontext():
@@ -115,20 +195,41 @@ def estimate_step(build: Callable[[], tuple[nn.Module, tuple]], plan: "str | Rem
         opt = torch.optim.AdamW(module.parameters()) if optimizer else None
         if opt is not None:
             _allocate_optimizer_state(module, opt)
-        tracker = MemTracker()
-        tracker.track_external(module, *([opt] if opt is not None else []))
-        with tracker:
-            module.zero_grad(set_to_none=True)
-            loss(module, plan, *inputs).backward()
         device = next(module.parameters()).device
-        snapshot = tracker.get_tracker_snapshot("peak").get(device, {})
-    by_name = {getattr(k, "name", str(k)): int(v) for k, v in snapshot.items() if k != "Total"}
-    peak = int(snapshot.get("Total", 0))
+        if tracker == "memtracker":
+            by_name, peak = _memtracker_step(module, opt, plan, inputs, loss, device)
+        else:
+            by_name, peak = _live_step(module, opt, plan, inputs, loss)
     if peak <= 0:
-        raise RuntimeError("MemTracker saw no memory during the step; refusing to report 0")
+        raise RuntimeError(f"{tracker} saw no memory during the step; refusing to report 0")
     kinds = [by_name.get(k, 0) for k in NOT_ACTIVATION]
-    source = f"torch {'FakeTensorMode' if fake else 'real tensors'} + MemTracker ({device.type})"
+    counter = "MemTracker" if tracker == "memtracker" else "live storage bytes"
+    source = f"torch {'FakeTensorMode' if fake else 'real tensors'} + {counter} ({device.type})"
     return PlanEstimate(plan.name, peak, *kinds, peak - sum(kinds), time.perf_counter() - t0, source, by_name)
+
+
+def _memtracker_step(module, opt, plan, inputs, loss, device) -> tuple[dict, int]:
+    mt = MemTracker()
+    mt.track_external(module, *([opt] if opt is not None else []))
+    with mt:
+        module.zero_grad(set_to_none=True)
+        loss(module, plan, *inputs).backward()
+    snapshot = mt.get_tracker_snapshot("peak").get(device, {})
+    by_name = {getattr(k, "name", str(k)): int(v) for k, v in snapshot.items() if k != "Total"}
+    return by_name, int(snapshot.get("Total", 0))
+
+
+def _live_step(module, opt, plan, inputs, loss) -> tuple[dict, int]:
+    params, buffers = list(module.parameters()), list(module.buffers())
+    state = _optimizer_tensors(opt) if opt is not None else []
+    module.zero_grad(set_to_none=True)
+    live = LivePeak([*params, *buffers, *state])  # the inputs count once an op reads them, as in MemTracker
+    with live:
+        loss(module, plan, *inputs).backward()
+    grads = live.created_by_peak([p.grad for p in params if p.grad is not None])
+    by_name = {"PARAM": _storage_bytes(params), "BUFFER": _storage_bytes(buffers), "GRAD": grads,
+               "OPT": _storage_bytes(state), "ACT+TEMP": live.peak_bytes - grads}
+    return by_name, sum(by_name.values())
 
 
 def _input(spec) -> torch.Tensor:
