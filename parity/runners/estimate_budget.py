@@ -27,8 +27,8 @@ from typing import Callable
 from jaxremat.spec.plan import RematPlan, parse_plan
 from jaxremat.spec.planner import Budget, NoPlanFits, chain_costs, min_peak_plan, parse_budget, plan_chain
 
-__all__ = ["MAX_ATTEMPTS", "ROW_KEYS", "add_ratios", "as_budget", "chain_policies", "BudgetNotMet", "FLOOR_FRACTION", "check_reachable",
-           "fmt_bytes", "plan_within_budget", "recompute_flops", "state_bytes"]
+__all__ = ["BudgetNotMet", "FLOOR_FRACTION", "MAX_ATTEMPTS", "ROW_KEYS", "add_ratios", "as_budget", "budget_row",
+           "chain_policies", "check_reachable", "fmt_bytes", "plan_within_budget", "recompute_flops", "state_bytes"]
 
 MAX_ATTEMPTS = 4
 """Plans estimated for one budget before the last is reported (module docstring, step 4)."""
@@ -153,11 +153,24 @@ class BudgetNotMet(ValueError):
 
     Attributes:
         row: the row of the plan estimated lowest, with ``budget`` (``within_budget`` False).
+        rows: every row of the call that raised it, that one last (:func:`budget_row` fills it), for
+            the table a command still prints.
     """
 
     def __init__(self, message: str, row: dict):
         super().__init__(message)
         self.row = row
+        self.rows: list[dict] = [row]
+
+
+def budget_row(rows: list[dict], plan: Callable[[], dict]) -> dict:
+    """``plan()`` (a :func:`plan_within_budget` call); a :class:`BudgetNotMet` it raises leaves with ``rows``
+    (ratios filled) followed by its row."""
+    try:
+        return plan()
+    except BudgetNotMet as exc:
+        exc.rows = add_ratios([*rows, exc.row])
+        raise
 
 
 @dataclasses.dataclass

@@ -35,7 +35,7 @@ from jaxremat.planner import DEFAULT_MENU, model_chain
 from jaxremat.spec.plan import RematPlan, parse_plan
 
 from parity.report.environment import available_memory_bytes
-from parity.runners.estimate_budget import (add_ratios, as_budget, chain_policies, check_reachable,
+from parity.runners.estimate_budget import (add_ratios, as_budget, budget_row, chain_policies, check_reachable,
                                             plan_within_budget, recompute_flops)
 
 __all__ = ["HOST_BASE_BYTES", "check_plans", "estimate_plans", "host_bytes_needed"]
@@ -118,7 +118,7 @@ def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans,
 
     rows = [measure(p) for p in parsed]
     if b is not None:
-        rows.append(plan_within_budget(b, rows[0], chain, cfg.n_layer, measure, "jax"))
+        rows.append(budget_row(rows, lambda: plan_within_budget(b, rows[0], chain, cfg.n_layer, measure, "jax")))
     return add_ratios(rows)
 
 

@@ -44,7 +44,7 @@ from torchref.model import Block, compute_context, torch_dtype
 from torchref.planner import DEFAULT_MENU, block_options, model_chain
 
 from parity.report.environment import available_memory_bytes
-from parity.runners.estimate_budget import (add_ratios, as_budget, chain_policies, check_reachable,
+from parity.runners.estimate_budget import (add_ratios, as_budget, budget_row, chain_policies, check_reachable,
                                             plan_within_budget, recompute_flops)
 
 __all__ = ["HOST_BASE_BYTES", "HOST_LAYER_BYTES", "check_plans", "estimate_plans", "fake_chain", "host_bytes_needed"]
@@ -56,13 +56,15 @@ HOST_LAYER_BYTES = 1 << 20
 times the measured growth with depth (peak resident memory 320 MB at 24 layers, 333 MB at 96)."""
 
 
-def host_bytes_needed(cfg: TransformerConfig) -> int:
-    """Host memory (bytes) :func:`estimate_plans` needs: :data:`HOST_BASE_BYTES` + N * :data:`HOST_LAYER_BYTES`."""
+def host_bytes_needed(cfg: TransformerConfig, batch: int, seq: int) -> int:
+    """Host memory (bytes) :func:`estimate_plans` needs: :data:`HOST_BASE_BYTES` + N * :data:`HOST_LAYER_BYTES`
+    (fake tensors hold no data: the batch shape costs nothing; the signature is
+    :func:`parity.runners.jax_estimate.host_bytes_needed`'s)."""
     return HOST_BASE_BYTES + cfg.n_layer * HOST_LAYER_BYTES
 
 
-def _check_host(cfg: TransformerConfig) -> None:
-    need, have = host_bytes_needed(cfg), available_memory_bytes()
+def _check_host(cfg: TransformerConfig, batch: int, seq: int) -> None:
+    need, have = host_bytes_needed(cfg, batch, seq), available_memory_bytes()
     if have is not None and need > 0.9 * have:
         raise ValueError(f"the PyTorch estimate of {cfg.n_layer} layers needs about {need / 2**30:.1f} GiB of host "
                          f"memory (a fake model is one Python object tree) but {have / 2**30:.1f} GiB is available")
@@ -127,7 +129,7 @@ def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans,
     for p in parsed:
         p.segments_for(cfg.n_layer)
     b = as_budget(budget) if budget is not None else None
-    _check_host(cfg)
+    _check_host(cfg, batch_size, seq_len)
     build, loss = _builder(cfg, batch_size, seq_len)
     grad_bytes = sum(math.prod(s) for s in param_shapes(cfg).values()) * torch_dtype(cfg).itemsize
     chain = fake_chain(cfg, batch_size, seq_len, chain_policies(parsed, DEFAULT_MENU))
@@ -140,7 +142,8 @@ def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans,
 
     rows = [measure(p) for p in parsed]
     if b is not None:
-        rows.append(plan_within_budget(b, rows[0], chain, cfg.n_layer, measure, "torch", gradients_bytes=grad_bytes))
+        rows.append(budget_row(rows, lambda: plan_within_budget(b, rows[0], chain, cfg.n_layer, measure, "torch",
+                                                                gradients_bytes=grad_bytes)))
     return add_ratios(rows)
 
 

@@ -167,8 +167,12 @@ def test_budget_plan_is_re_chosen_until_its_own_estimate_fits():
 
 def test_budget_not_met_after_the_attempts_is_one_line_with_the_lowest_row():
     measure = lambda plan: {**_none_row(), "plan": plan.name, "total_peak_bytes": 10**6}  # noqa: E731
+    rows = [_none_row()]
     with pytest.raises(estimate_budget.BudgetNotMet, match="no plan was estimated within the budget") as info:
-        estimate_budget.plan_within_budget(4500, _none_row(), _chain(), 8, measure, "torch")
+        estimate_budget.budget_row(rows, lambda: estimate_budget.plan_within_budget(4500, rows[0], _chain(), 8,
+                                                                                     measure, "torch"))
     assert "\n" not in str(info.value) and info.value.row["budget"]["within_budget"] is False
+    assert [r["plan"] for r in info.value.rows] == ["none", info.value.row["plan"]]
+    assert info.value.rows[1]["ratio_to_none"] == 10**6 / 4800
     with pytest.raises(ValueError, match="below anything a plan reaches in jax"):
         estimate_budget.plan_within_budget(3999, _none_row(), _chain(), 8, measure, "jax")
