@@ -103,10 +103,9 @@ def _allocate_optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> 
 
 
 class LivePeak(TorchDispatchMode):
-    """The peak of the bytes of storages created while the mode is active, and the op count at which
-    each was created: :class:`torchref.live_bytes.LiveBytesTracker`'s count (a weak reference per new
-    storage, O(1) per op), plus the creation order, so that the gradients held at the peak can be told
-    apart after the step (they are created during the backward pass and never freed in it).
+    """The peak of the bytes of storages created while the mode is active, and the op count at the peak:
+    :class:`torchref.live_bytes.LiveBytesTracker`'s count (a weak reference per new storage, O(1) per op),
+    plus the op count, against which a step tells which gradients were already gradients at the peak.
 
     Args:
         exclude: tensors whose storages existed before and are counted apart (parameters, buffers,
@@ -114,7 +113,7 @@ class LivePeak(TorchDispatchMode):
 
     Attributes:
         live_bytes, peak_bytes: bytes of created storages alive now, and at most.
-        peak_op: the op count at the peak.
+        op_count: ops run so far; peak_op: the op count at the peak.
     """
 
     def __init__(self, exclude: Sequence[torch.Tensor] = ()):
@@ -122,15 +121,14 @@ class LivePeak(TorchDispatchMode):
         self._seen = WeakIdKeyDictionary()
         for t in exclude:
             self._seen[t.untyped_storage()] = None
-        self._created = WeakIdKeyDictionary()
-        self.live_bytes = self.peak_bytes = self.peak_op = self._ops = 0
+        self.live_bytes = self.peak_bytes = self.peak_op = self.op_count = 0
 
     def _freed(self, nbytes: int, _ref) -> None:
         self.live_bytes -= nbytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self._ops += 1
+        self.op_count += 1
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
                 continue
@@ -139,21 +137,14 @@ class LivePeak(TorchDispatchMode):
                 continue
             nbytes = int(st.nbytes())
             self._seen[st] = weakref.ref(st, functools.partial(self._freed, nbytes))
-            self._created[st] = self._ops
             self.live_bytes += nbytes
             if self.live_bytes > self.peak_bytes:
-                self.peak_bytes, self.peak_op = self.live_bytes, self._ops
+                self.peak_bytes, self.peak_op = self.live_bytes, self.op_count
         return out
 
-    def created_by_peak(self, tensors) -> int:
-        """Bytes of the storages of ``tensors`` that this mode saw created at or before the peak."""
-        seen, total = set(), 0
-        for t in tensors:
-            st = t.untyped_storage()
-            if id(st) not in seen and self._created.get(st, self.peak_op + 1) <= self.peak_op:
-                seen.add(id(st))
-                total += int(st.nbytes())
-        return total
+
+def _mark_ready(ready: dict, key: int, live: LivePeak, grad):
+    ready.setdefault(key, live.op_count)
 
 
 def _storage_bytes(tensors) -> int:
@@ -224,9 +215,19 @@ def _live_step(module, opt, plan, inputs, loss) -> tuple[dict, int]:
     state = _optimizer_tensors(opt) if opt is not None else []
     module.zero_grad(set_to_none=True)
     live = LivePeak([*params, *buffers, *state])  # the inputs count once an op reads them, as in MemTracker
-    with live:
-        loss(module, plan, *inputs).backward()
-    grads = live.created_by_peak([p.grad for p in params if p.grad is not None])
+    # a gradient counts as one from the moment its parameter's gradient hook runs, as MemTracker files it
+    # (before that, e.g. the embedding's gradient just computed, it is a temporary of the backward pass)
+    ready: dict[int, int] = {}
+    handles = [p.register_hook(functools.partial(_mark_ready, ready, id(p), live))
+               for p in params if p.requires_grad]
+    try:
+        with live:
+            loss(module, plan, *inputs).backward()
+    finally:
+        for h in handles:
+            h.remove()
+    held = [p.grad for p in params if p.grad is not None and ready.get(id(p), live.peak_op) < live.peak_op]
+    grads = _storage_bytes(held)
     by_name = {"PARAM": _storage_bytes(params), "BUFFER": _storage_bytes(buffers), "GRAD": grads,
                "OPT": _storage_bytes(state), "ACT+TEMP": live.peak_bytes - grads}
     return by_name, sum(by_name.values())
