@@ -63,13 +63,16 @@ def state_bytes(row: dict) -> int:
     return int(row["parameters_bytes"] + row["gradients_bytes"] + row["adamw_state_bytes"])
 
 
-def chain_policies(plans, menu) -> tuple:
-    """``menu`` plus every policy the plans name (deduplicated, device-only policies; for the chain)."""
+def chain_policies(plans, menu=()) -> tuple:
+    """``menu`` plus every policy the checkpointing plans use (``save_nothing`` for a plain checkpoint),
+    deduplicated; offloading policies and ``save_everything`` are left out (no chain costs them)."""
     names = list(menu)
     for plan in plans:
         plan = parse_plan(plan)
+        if plan.name == "none":
+            continue
         for p in [plan.policy, *(s.policy for s in getattr(plan.schedule, "segments", ()) if s.policy is not None)]:
-            if p.name not in names and not p.saves_nothing and not p.offloaded_names and not p.save_everything:
+            if p.name not in names and not p.offloaded_names and not p.save_everything:
                 names.append(p.name)
     return tuple(names)
 

@@ -78,7 +78,8 @@ def _row(est: PlanEstimate, param_bytes: int, adamw_bytes: int, flops) -> dict:
             "compile_time_s": est.compile_time_s}
 
 
-def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans, *, budget=None) -> list[dict]:
+def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans, *, budget=None,
+                   menu=DEFAULT_MENU) -> list[dict]:
     """One row per plan of the JAX training step at ``cfg`` and (B, T), nothing allocated (module docstring).
 
     Args:
@@ -89,6 +90,8 @@ def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans,
         budget: None, or bytes / ``"24GiB"`` / ``"50%"`` (of ``none``'s total peak): the planner's
             plan for it is added last, checked on its own compiled estimate
             (:func:`parity.runners.estimate_budget.plan_within_budget`).
+        menu: the planner's checkpoint options for a budget (:data:`jaxremat.planner.DEFAULT_MENU`); without
+            a budget the chain holds the plans' own policies only (for their recompute FLOPs).
 
     Returns:
         One dict per plan, keys :data:`parity.runners.estimate_budget.ROW_KEYS` (the budget plan's
@@ -104,7 +107,7 @@ def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans,
         p.segments_for(cfg.n_layer)  # a plan invalid at this depth fails before any compile
     b = as_budget(budget) if budget is not None else None
     _check_host(cfg, batch_size, seq_len)
-    chain = model_chain(cfg, batch_size, seq_len, chain_policies(parsed, DEFAULT_MENU))
+    chain = model_chain(cfg, batch_size, seq_len, chain_policies(parsed, menu if b is not None else ()))
     param_bytes = sum(int(np.prod(s)) for s in param_shapes(cfg).values()) * jnp.dtype(cfg.dtype).itemsize
     adamw_bytes = 2 * param_bytes + 4
     if b is not None and b.bytes is not None:

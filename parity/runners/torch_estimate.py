@@ -115,11 +115,13 @@ def _row(est: PlanEstimate, grad_bytes: int, flops) -> dict:
             "compile_time_s": est.time_s}
 
 
-def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans, *, budget=None) -> list[dict]:
+def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans, *, budget=None,
+                   menu=DEFAULT_MENU) -> list[dict]:
     """One row per plan of the PyTorch training step at ``cfg`` and (B, T), nothing allocated (module docstring).
 
     The same signature, rows and budget rule as :func:`parity.runners.jax_estimate.estimate_plans`
-    (``none`` first; a budget's plan last, checked on its own fake-tensor step).
+    (``none`` first; a budget's plan last, checked on its own fake-tensor step; ``menu``:
+    :data:`torchref.planner.DEFAULT_MENU`).
 
     Raises:
         ValueError: a bad plan or one invalid at ``cfg.n_layer``, a bad budget or one below anything a
@@ -132,7 +134,7 @@ def estimate_plans(cfg: TransformerConfig, batch_size: int, seq_len: int, plans,
     _check_host(cfg, batch_size, seq_len)
     build, loss = _builder(cfg, batch_size, seq_len)
     grad_bytes = sum(math.prod(s) for s in param_shapes(cfg).values()) * torch_dtype(cfg).itemsize
-    chain = fake_chain(cfg, batch_size, seq_len, chain_policies(parsed, DEFAULT_MENU))
+    chain = fake_chain(cfg, batch_size, seq_len, chain_policies(parsed, menu if b is not None else ()))
     if b is not None and b.bytes is not None:
         # parameters, gradients, two AdamW moments; the gradients may be unallocated at the activation peak
         check_reachable(b.bytes, 4 * grad_bytes, chain, "torch", gradients_bytes=grad_bytes, what=b.text)

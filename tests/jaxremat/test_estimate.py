@@ -46,22 +46,6 @@ def test_estimate_equals_the_concrete_compile_byte_for_byte_at_gpt_small(concret
     assert step.lower(params_abs, tokens_abs).as_text() == step.lower(*concrete).as_text()
 
 
-def test_estimate_orders_plans_and_remat_lowers_temp_bytes():
-    n, d = 6, 32
-
-    def block(p, x, _):
-        return x + jnp.tanh(x @ p["w"])
-
-    def loss(plan, params, x):
-        return jnp.mean(jaxremat.remat_scan(block, params, x, plan.schedule, policy=plan.policy) ** 2)
-
-    rows = jaxremat.estimate(loss, {"w": jax.ShapeDtypeStruct((n, d, d), jnp.float32)},
-                             jax.ShapeDtypeStruct((16, 8, d), jnp.float32), plans=["none", "full"])
-    assert [r.plan for r in rows] == ["none", "full"]
-    assert rows[1].temp_bytes < rows[0].temp_bytes
-    assert all(r.peak_bytes == r.argument_bytes + r.output_bytes + r.temp_bytes - r.alias_bytes for r in rows)
-
-
 def test_estimate_refuses_bad_plans_before_compiling():
     calls = []
 

@@ -153,27 +153,24 @@ def test_block_dropout_uses_key_and_is_reproducible(tiny):
     assert e.shape == (1, 4, 16) and (np.asarray(e) == 0).any()
 
 
-def test_fused_attention_matches_materialized_and_remat_is_bitwise_under_jit():
+def test_fused_attention_remat_is_bitwise_under_jit_and_its_interior_has_no_names():
     from jaxremat.memory import saved_activation_bytes
     from jaxremat.models import TransformerConfig
     from jaxremat.spec import parse_plan
 
-    cfg = TransformerConfig(vocab_size=64, n_layer=4, d_model=32, n_head=2, d_ff=64, max_seq_len=16)
-    params = {k: jnp.asarray(v) for k, v in init_params(cfg, seed=0).items()}
+    fused = TransformerConfig(vocab_size=64, n_layer=4, d_model=32, n_head=2, d_ff=64, max_seq_len=16,
+                              attention="fused")
+    params = {k: jnp.asarray(v) for k, v in init_params(fused, seed=0).items()}
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 17)), jnp.int32)
-    fused = cfg.replace(attention="fused")
-    ref = loss_fn(params, tokens, cfg)
     grads = {}
     for plan in ("none", "every_k(2)"):
         p = parse_plan(plan)
-        loss, grads[plan] = jax.jit(jax.value_and_grad(lambda q: loss_fn(q, tokens, fused, p.schedule)))(params)
-        np.testing.assert_allclose(loss, ref, rtol=1e-6)
+        _, grads[plan] = jax.jit(jax.value_and_grad(lambda q: loss_fn(q, tokens, fused, p.schedule)))(params)
     assert all(np.array_equal(grads["every_k(2)"][k], grads["none"][k]) for k in params)
 
-    def kept(c, plan):
+    def kept(plan):
         p = parse_plan(plan)
-        return saved_activation_bytes(lambda q: loss_fn(q, tokens, c, p.schedule, policy=p.policy), params)
+        return saved_activation_bytes(lambda q: loss_fn(q, tokens, fused, p.schedule, policy=p.policy), params)
 
     # the fused call's scores and probabilities have no name: a policy naming them keeps nothing of it
-    assert kept(fused, "full+save_names(attn_probs)") == kept(fused, "full") < kept(fused, "full+save_names(attn_out)")
-    assert kept(cfg, "full+save_names(attn_probs)") > kept(cfg, "full")
+    assert kept("full+save_names(attn_probs)") == kept("full") < kept("full+save_names(attn_out)")

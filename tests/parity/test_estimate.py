@@ -71,7 +71,7 @@ def test_absurd_size_limit_is_a_tensor_no_device_holds():
 
 @pytest.fixture(scope="module")
 def jax_rows():
-    return jax_estimate.estimate_plans(GPT_TINY, 2, 16, [], budget="85%")
+    return jax_estimate.estimate_plans(GPT_TINY, 2, 16, [], budget="85%", menu=("save_nothing",))
 
 
 def test_jax_rows_hold_every_key_state_and_a_budget_plan_within_budget(jax_rows):
@@ -92,7 +92,7 @@ def test_jax_rows_hold_every_key_state_and_a_budget_plan_within_budget(jax_rows)
 def test_a_bytes_budget_below_the_floor_is_refused_before_any_compile(monkeypatch):
     monkeypatch.setattr(jax_estimate, "estimate", lambda *a, **k: pytest.fail("compiled"))
     with pytest.raises(ValueError, match="below anything a plan reaches in jax") as info:
-        jax_estimate.estimate_plans(GPT_TINY, 2, 16, ["full"], budget="1KiB")
+        jax_estimate.estimate_plans(GPT_TINY, 2, 16, ["full"], budget="1KiB", menu=("save_nothing",))
     assert "\n" not in str(info.value)
 
 
@@ -106,7 +106,7 @@ def test_a_compile_that_needs_more_host_memory_than_there_is_is_refused(monkeypa
 
 
 def test_torch_rows_have_the_jax_keys_and_meet_a_budget():
-    rows = torch_estimate.estimate_plans(GPT_TINY, 2, 16, [], budget="90%")
+    rows = torch_estimate.estimate_plans(GPT_TINY, 2, 16, [], budget="90%", menu=("save_nothing", "save_dots"))
     assert rows[0]["plan"] == "none" and len(rows) == 2 and all(r["framework"] == "torch" for r in rows)
     assert all(set(estimate_budget.ROW_KEYS) <= set(r) for r in rows)
     assert rows[0]["adamw_state_bytes"] > 2 * rows[0]["parameters_bytes"] and rows[1]["recompute_flops"] > 0
