@@ -31,7 +31,7 @@ from jaxremat.models import param_shapes
 from jaxremat.spec.plan import RematPlan
 from parity.distributed.result import DeviceMemory
 from parity.inputs.train import AdamWConfig
-from parity.runners.jax_runner import objective
+from parity.runners.jax_runner import objective, optimizer
 
 
 @dataclasses.dataclass
@@ -55,8 +55,7 @@ class MeshRun:
 
 @functools.lru_cache(maxsize=8)
 def _tx(hparams: AdamWConfig):
-    return optax.adamw(hparams.learning_rate, b1=hparams.b1, b2=hparams.b2, eps=hparams.eps,
-                       weight_decay=hparams.weight_decay)
+    return optimizer(hparams)  # the harness's one optax.adamw
 
 
 def _value_and_grad(cfg, plan: RematPlan, carry_sharding=None):
@@ -64,7 +63,7 @@ def _value_and_grad(cfg, plan: RematPlan, carry_sharding=None):
     extra = {} if carry_sharding is None else {"carry_sharding": carry_sharding}
 
     def value_and_grad(params, tokens):
-        return jax.value_and_grad(loss)(params, tokens, cfg, plan.schedule, None, policy=plan.policy, **extra)
+        return jax.value_and_grad(loss)(params, tokens, cfg, plan, None, **extra)
 
     return value_and_grad
 

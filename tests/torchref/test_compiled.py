@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from jaxremat.models.params import init_params
 from jaxremat.spec import parse_schedule
 from jaxremat.spec.plan import parse_plan
-from parity.cases.sweep import measure_torch
+from parity.runners.framework import get_framework
 from parity.checks.compare import compare_bitwise
 from parity.inputs.presets import get_preset
 from torchref.compiled import BACKENDS, _max_ulp, main, measure_compiled
@@ -142,10 +142,10 @@ def test_cli_prints_one_row_per_budget(capsys):
 
 
 def test_eager_rows_are_the_depth_sweeps_measurement(inputs, results):
-    # the compiled rows use the counters of parity.cases.sweep.measure_torch (live_bytes + fixed
+    # the compiled rows use the counters of the PyTorch framework's measure_plan (live_bytes + fixed
     # tensors); eager none counted by measure_compiled must be that function's number to the byte
     _, tokens = inputs
-    sweep = measure_torch(CFG, tokens, parse_plan("none"), 1)
+    sweep = get_framework("torch").measure_plan(CFG, tokens, parse_plan("none"), 1)
     full = results[1.0]
     assert full.eager_saved_bytes == sweep["saved_bytes"]
     assert full.eager_peak_activation_bytes == sweep["peak_activation_bytes"]
