@@ -259,8 +259,8 @@ def _forward(blocks: list, x: torch.Tensor, schedule: Schedule, block_args: tupl
         inside = {i for s in segs if s.checkpointed for i in range(s.start, s.stop)}
         return _forward_checkpoint_sequential(blocks, bound, x, len(segs), starts, on_checkpoint_input, inside)
     contexts = _segment_contexts(segs, sac)
-    linted = []  # each selective context of a checkpointed segment, once
-    for seg, ctx in zip(segs, contexts):
+    linted = []  # each selective context of a checkpointed segment, once (none under no_grad: no checkpoint runs)
+    for seg, ctx in zip(segs, contexts if torch.is_grad_enabled() else ()):
         if (seg.checkpointed and seg.inner is None and ctx is not None and ctx.checkpoints and ctx.selective
                 and all(ctx is not c for c in linted)):
             linted.append(ctx)
