@@ -156,3 +156,14 @@ def test_is_recomputing_inside_a_gradient_taken_in_the_block():
     # block 0's forward, its recompute for the gradient inside it, the same for block 1, then the
     # backward pass's recomputes of blocks 1 and 0
     assert seen == [False, True, False, True, True, True]
+
+
+@pytest.mark.parametrize("plan", ["none", "full", "sqrt", "full+save_dots", "nested(sqrt,sqrt)"])
+def test_full_backward_hooks_run_once_per_step(plan):
+    # the recompute's graph is never differentiated, so backward hooks see only the real backward pass
+    blocks = _blocks()
+    calls = []
+    for b in blocks:
+        b.register_full_backward_hook(lambda m, grad_in, grad_out: calls.append(grad_out[0].shape))
+    torchref.forward_blocks(blocks, _x().requires_grad_(), plan).sum().backward()
+    assert calls == [(B, D)] * N
