@@ -217,8 +217,8 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
 
     Raises:
         ValueError: ``budget`` outside (0, 1] or not a number; ``backend`` not in :data:`BACKENDS`;
-            ``repeats < 1``; ``random_ops`` unknown or ``random_op_dropout`` outside [0, 1); ``cfg.arch`` not ``"gpt"``; bad tokens
-            (:meth:`torchref.model.GPT.check_inputs`).
+            ``repeats < 1``; ``random_ops`` unknown or ``random_op_dropout`` outside [0, 1);
+            ``cfg.arch`` not ``"gpt"``; bad tokens (:meth:`torchref.model.GPT.check_inputs`).
         RuntimeError: the backend compiled no graph, or a counter saw no allocation.
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0.0 < float(budget) <= 1.0):
