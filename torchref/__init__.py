@@ -5,7 +5,8 @@ Importable from here (``__all__`` lists every public name):
 * the renderer: :func:`forward_blocks` (a schedule or plan ``"SCHEDULE+POLICY"`` over your own
   blocks, ``torch.utils.checkpoint`` non-reentrant), :func:`model_loss` (the GPT model under a
   schedule), :class:`ForwardState` / :class:`StateWriteError` / :func:`modules_of` (forward-pass
-  state such as BatchNorm statistics updated once per step);
+  state such as BatchNorm statistics updated once per step); :func:`is_recomputing` (True while a
+  checkpointed segment is recomputed: forward hooks that must act once per step test it);
 * policies: :class:`SelectiveCheckpoint` (a neutral policy as a selective-checkpoint
   ``context_fn``), :class:`SavedRecord`, :func:`activation` / :func:`current_name` (the
   activation regions policies are keyed on), :func:`check_selective` / :func:`check_no_effect`
@@ -26,6 +27,7 @@ imported, never JAX.
 from .block_memory import block_saved
 from .encoder import Encoder, EncoderBlock, contrastive_loss, encoder_loss, mean_pool
 from .forward_state import ForwardState, StateWriteError, modules_of
+from .hooks import is_recomputing
 from .lint import RematPolicyWarning, check_no_effect, check_selective
 from .live_bytes import LiveBytesTracker, step_peak_bytes
 from .memory import PeakBytes, SavedActivationRecorder, peak_step_bytes
@@ -39,6 +41,6 @@ __all__ = [
     "Block", "Encoder", "EncoderBlock", "ForwardState", "GPT", "LiveBytesTracker", "PeakBytes", "RematPolicyWarning",
     "SavedActivationRecorder", "SavedRecord", "SelectiveCheckpoint", "StateWriteError", "activation", "block_saved",
     "check_no_effect", "check_selective", "contrastive_loss", "current_name", "encoder_loss", "forward_blocks",
-    "lm_loss", "mean_pool", "model_loss", "modules_of", "peak_step_bytes", "reverse_segment_loop",
+    "is_recomputing", "lm_loss", "mean_pool", "model_loss", "modules_of", "peak_step_bytes", "reverse_segment_loop",
     "split_tokens", "step_peak_bytes",
 ]

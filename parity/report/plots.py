@@ -140,7 +140,8 @@ def plot_budget_frontier(report: dict, path: Path) -> Path:
     """``python -m parity plan --frontier``: recompute FLOPs and step-time ratio against measured peak
     activation bytes, one point per budget: the planner's plan, the best uniform plan, and (PyTorch)
     ``torch.compile`` at the same ``activation_memory_budget``; every point is measured (peak and time),
-    the FLOPs are the menu's count (the compiled points': FlopCounterMode's). Returns ``path``."""
+    the FLOPs are the menu's count (the compiled points': FlopCounterMode's). A compiled point that
+    failed its gradient check (``error`` set) is drawn apart, in grey, never on the line. Returns ``path``."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     colors = {"jax": "C0", "torch": "C1"}
     for who, marker, fill in (("planner", "o", True), ("uniform", "s", False)):
@@ -171,6 +172,11 @@ def plot_budget_frontier(report: dict, path: Path) -> Path:
         timed = [p for p in comp if p.get("time_overhead") is not None]
         axes[1].plot([p["peak_activation_bytes"] / 2**20 for p in timed], [p["time_overhead"] for p in timed],
                      marker="x", color="C3", linestyle=":", label=label)
+    wrong = [p for p in report.get("compiled") or [] if p.get("error") and p.get("peak_activation_bytes")
+             and p.get("recompute_flops") is not None]  # measured, but failed its gradient check: no option
+    if wrong:
+        axes[0].scatter([p["peak_activation_bytes"] / 2**20 for p in wrong], [p["recompute_flops"] / 1e6 for p in wrong],
+                        marker="X", color="0.6", label="torch.compile: gradients wrong vs eager none (not an option)")
     axes[0].set_ylabel("recompute per step (MFLOP)")
     axes[1].set_ylabel("step time / none's step time (measured)")
     for ax in axes:

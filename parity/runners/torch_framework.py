@@ -19,6 +19,7 @@ from jaxremat.spec.plan import RematPlan
 from jaxremat.spec.policies import Policy
 from torchref.block_memory import block_saved
 from torchref.compiled import measure_compiled
+from torchref.compiled_random import compiled_problem
 from torchref.encoder import Encoder
 from torchref.model import GPT
 from torchref.planner import DEFAULT_MENU, model_chain
@@ -164,15 +165,18 @@ class TorchFramework:
     def compiler_budget_points(self, cfg, params, tokens, fractions, *, backend: str, repeats: int) -> list[dict]:
         """``torch.compile`` with ``torch._functorch.config.activation_memory_budget`` at each fraction
         (:func:`torchref.compiled.measure_compiled`, ``backend`` ``aot_eager_decomp_partition`` or
-        ``inductor``), its step time against eager ``none`` timed in the same call; a point that raises is
-        recorded with its ``error`` and the others still run."""
+        ``inductor``; random ops saved, :mod:`torchref.compiled_random`), its step time against eager ``none``
+        timed in the same call; a point whose gradients (on the model and on it with dropout) are not within
+        their bound of eager ``none`` gets the reason as its ``error``
+        (:func:`torchref.compiled_random.compiled_problem`), and a point that raises is recorded with its
+        ``error``; the others still run."""
         points = []
         for frac in fractions:
             try:
                 r = dataclasses.asdict(measure_compiled(cfg, params, tokens, frac, backend=backend, repeats=repeats))
                 r["time_overhead"] = (r["step_time_s"] / r["eager_step_time_s"]
                                       if r.get("eager_step_time_s") and r.get("step_time_s") else None)
-                points.append({**r, "activation_memory_budget": frac, "error": None})
+                points.append({**r, "activation_memory_budget": frac, "error": compiled_problem(r)})
             except Exception as exc:  # recorded, and the other fractions still run
                 points.append({"activation_memory_budget": frac, "backend": backend,
                                "error": f"{type(exc).__name__}: {exc}"})
