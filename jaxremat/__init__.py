@@ -45,6 +45,7 @@ _NAMES = {
     **dict.fromkeys(("make_mesh", "parse_mesh", "param_shardings", "batch_sharding", "check_divides"), ".sharding"),
     # measurements
     **dict.fromkeys(("survival_check", "Survival"), ".survival"),
+    **dict.fromkeys(("doctor", "Diagnosis"), ".doctor"),
     **dict.fromkeys(("ResidualRecord", "saved_residuals", "saved_activation_bytes", "compiled_memory",
                      "compiled_stats", "device_peak_bytes", "gpu_available"), ".memory"),
 }

@@ -1,0 +1,126 @@
+"""The doctor's checks, one function per problem kind, each returning :class:`Problem` s.
+
+Every check reads what is measured (a region's tags and policy answers, its traced residual
+bytes, the compiled programs' temp bytes and matrix products) and words the problem with the
+numbers and a fix. The criteria (docs/doctor.md):
+
+* ``policy-name-missing``: a name the policy saves or offloads is carried by no operation in the region;
+* ``policy-dropped``: the policy keeps exactly what ``nothing_saveable`` keeps, though
+  ``everything_saveable`` would keep more (and no missing name explains it);
+* ``offload-not-host``: the policy offloads to a memory kind other than ``pinned_host`` (JAX keeps
+  such residuals in device memory), or offloads yet its traced residuals hold no host bytes, or
+  the compiled program of a GPU/TPU backend holds no buffer in host memory;
+* ``remat-not-surviving``: with the region at ``everything_saveable`` the compiled temp bytes drop
+  by less than :data:`jaxremat.survival.MIN_REALIZED` of what the region's policy promises
+  (:func:`jaxremat.survival.assess`);
+* ``stacked-output``: :mod:`jaxremat.doctor.stacked`.
+"""
+
+from __future__ import annotations
+
+from .diagnosis import Problem, Region, format_bytes
+from .policy_probe import HOST_MEMORY_KIND, RegionAnswers
+from .stacked import StackedOutput
+from ..survival import Survival
+
+__all__ = ["name_missing", "not_surviving", "offload_not_host", "policy_dropped", "stacked_output"]
+
+_TAG = "jax.ad_checkpoint.checkpoint_name"
+
+
+def name_missing(region: Region) -> list[Problem]:
+    """``policy-name-missing`` for names the region's policy keeps that none of its operations carries."""
+    missing = sorted((set(region.saved_names) | set(region.offloaded_names)) - set(region.tags))
+    if not missing:
+        return []
+    names = ", ".join(map(repr, missing))
+    carried = f"it carries {', '.join(map(repr, region.tags))}" if region.tags else "it carries no tag"
+    fix = (f"tag the value inside the region with {_TAG}(x, {missing[0]!r})"
+           + (f", or name one of the tags it carries ({', '.join(map(repr, region.tags))}) in the policy"
+              if region.tags else ""))
+    return [Problem("policy-name-missing", region.place(),
+                    f"the policy keeps {names}, which no operation in its region carries ({carried}); "
+                    f"it keeps {format_bytes(region.kept_bytes_per_call)} per call", fix, region.number)]
+
+
+def policy_dropped(region: Region, answers: RegionAnswers, batched_by_vmap: bool) -> list[Problem]:
+    """``policy-dropped``: a policy that keeps what ``nothing_saveable`` keeps where more could be kept."""
+    if region.policy == "nothing_saveable" or name_missing(region):
+        return []
+    if region.kept_bytes_per_call != region.nothing_bytes_per_call:
+        return []
+    if region.everything_bytes_per_call <= region.nothing_bytes_per_call:
+        return []
+    if answers.dots and answers.batched_dots == answers.dots:
+        why = (f"every one of its {answers.dots} matrix products has batch dimensions"
+               + (" (a jax.vmap inside the differentiation batches them)" if batched_by_vmap else ""))
+        fix = "use dots_saveable (keeps batched products too) or tag the values to keep with " + _TAG
+    elif not answers.kept_ops:
+        why = "no operation in the region matches it" + ("" if answers.dots else " (the region has no matrix product)")
+        fix = f"choose a policy that matches the region's operations, or tag the values to keep with {_TAG}"
+    else:
+        why = "what it matches is not read by the backward pass"
+        fix = f"tag the values the backward pass reads with {_TAG} and save those names"
+    return [Problem("policy-dropped", region.place(),
+                    f"the policy keeps nothing: {why}, so the region is recomputed in full as under nothing_saveable "
+                    f"(everything_saveable would keep {format_bytes(region.everything_bytes_per_call)} per call)",
+                    fix, region.number)]
+
+
+def offload_not_host(region: Region, answers: RegionAnswers, compiled: dict | None) -> list[Problem]:
+    """``offload-not-host``: an offload that does not reach host memory (traced, then compiled)."""
+    if not answers.offload_dsts and not region.offloaded_names:
+        return []
+    other = sorted(d for d in answers.offload_dsts if d != HOST_MEMORY_KIND)
+    fix = f"offload with offload_src='device', offload_dst={HOST_MEMORY_KIND!r}"
+    if other:
+        message = (f"the policy offloads to {', '.join(map(repr, other))}, which JAX keeps in device memory "
+                   f"(only {HOST_MEMORY_KIND!r} is host memory); {format_bytes(region.offloaded_bytes_per_call)} "
+                   "per call reach host memory")
+        return [Problem("offload-not-host", region.place(), message, fix, region.number)]
+    if answers.offload_dsts and not region.offloaded_bytes_per_call:
+        return [Problem("offload-not-host", region.place(),
+                        "the policy offloads, yet none of the region's residuals is in host memory (what it "
+                        "offloads is not read by the backward pass, or another policy keeps it first)",
+                        "offload a value the backward pass reads (a tagged matrix product's output)", region.number)]
+    if compiled and compiled["backend"] != "cpu" and region.offloaded_bytes_per_call and not compiled["host_buffers"]:
+        return [Problem("offload-not-host", region.place(),
+                        f"the traced residuals put {format_bytes(region.offloaded_bytes_per_call)} per call in host "
+                        f"memory, but the program XLA compiled for {compiled['backend']} holds no buffer in host "
+                        "memory (S(5))", "offload a value the backward pass reads outside a loop carry, and check "
+                        "the JAX/XLA release (jax#23869)", region.number)]
+    return []
+
+
+def not_surviving(region: Region, survival: Survival) -> list[Problem]:
+    """``remat-not-surviving`` from the comparison with the region at ``everything_saveable``."""
+    if survival.survived:
+        return []
+    merged = (survival.dots_before is not None and survival.dots_after is not None
+              and survival.dots_after < survival.dots_before)
+    how = (f"XLA removed {survival.dots_before - survival.dots_after} of {survival.dots_before} matrix products "
+           "(the recompute was merged into the forward pass)" if merged else
+           "the recompute is kept but scheduled where the saved values would have lived")
+    message = (f"with this region at everything_saveable the compiled temp memory is only "
+               f"{format_bytes(survival.realized_saving_bytes)} higher, but its policy promises "
+               f"{format_bytes(survival.promised_saving_bytes)} less; {how}")
+    fix = ("run the layers as a lax.scan (or nnx.scan / jaxremat.remat_scan) with the checkpoint around the "
+           "scan body, and no loop of trip count 1 around a checkpoint")
+    return [Problem("remat-not-surviving", region.place(), message, fix, region.number)]
+
+
+def stacked_output(found: StackedOutput) -> list[Problem]:
+    """``stacked-output`` for one wasteful stacked output of a scan."""
+    shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in found.shapes)
+    where = f"scan({found.length})" + (f" at {found.site}" if found.site else "")
+    if found.kind == "copy":
+        message = (f"the scan stacks a per-layer copy of its scanned inputs ({shapes}, "
+                   f"{format_bytes(found.bytes)}, against {format_bytes(found.reference_bytes)} scanned): a cast or "
+                   "view of each layer's parameters saved for the backward pass")
+        fix = ("cast the stacked parameters once before the scan, or checkpoint the scan body so the cast is "
+               "recomputed")
+    else:
+        message = (f"the scan returns a stacked per-layer output ({shapes}, {format_bytes(found.bytes)}) that the "
+                   "backward pass does not read; it stays live through the forward pass under any remat policy")
+        fix = "return what you need from the carry (the last layer's output is the final carry) and drop it from ys"
+    return [Problem("stacked-output", where, message, fix)]

@@ -1,0 +1,184 @@
+"""``jaxremat.doctor(fn, *args)``: check the remat of a user's own loss or train step.
+
+Steps (docs/doctor.md has the why of each):
+
+1. Decide what to differentiate: ``fn`` returning a float scalar (or ``(scalar, aux)``) is a loss,
+   checked as ``jax.value_and_grad(fn, argnums)``; anything else is a whole train step that
+   differentiates inside, checked as it is. ``flax.nnx`` modules among ``args`` are split into
+   their state (``nnx.split``) and merged back inside.
+2. Trace the program once with every remat region recorded where JAX differentiates it
+   (:mod:`jaxremat.doctor.regions`), and count each region's recompute runs in the program.
+3. Per region, read the policy's names and answers (:mod:`jaxremat.doctor.policy_probe`) and the
+   residual bytes one call keeps under its policy, ``nothing_saveable`` and ``everything_saveable``
+   (:func:`jaxremat.doctor.measure.kept_per_call`): ``policy-name-missing``, ``policy-dropped``,
+   ``offload-not-host`` (traced).
+4. Look for wasteful stacked scan outputs (:mod:`jaxremat.doctor.stacked`): ``stacked-output``.
+5. Unless ``compile=False``: compile the program once (temp bytes, matrix products, host
+   buffers), and once more per region whose policy promises a saving, with that region at
+   ``everything_saveable``: ``remat-not-surviving`` when the compiled temp bytes do not show the
+   promised saving (:func:`jaxremat.survival.assess`).
+"""
+
+from __future__ import annotations
+
+# Deferred imports: flax.nnx loads only when an argument is an NNX module.
+
+import dataclasses
+import sys
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from ..survival import Survival, assess
+from . import checks
+from .diagnosis import Diagnosis, Problem, Region
+from .measure import compile_stats, kept_per_call, trace_program, vjp_forward
+from .policy_probe import policy_names, region_answers, region_tags
+from .regions import RegionRecord, region_calls
+from .stacked import parameter_copies, unread_outputs
+
+__all__ = ["doctor", "program_kind"]
+
+_EVERYTHING = jax.checkpoint_policies.everything_saveable
+
+
+def _is_loss_value(value: Any) -> bool:
+    return (isinstance(value, jax.ShapeDtypeStruct) and value.shape == ()
+            and jnp.issubdtype(value.dtype, jnp.inexact))
+
+
+def program_kind(fn: Callable, *args) -> tuple[str, bool]:
+    """``("loss", has_aux)`` when ``fn`` returns a float scalar or ``(scalar, aux)``, else ``("step", False)``.
+
+    Traces ``fn`` once (``jax.eval_shape``).
+    """
+    out = jax.eval_shape(fn, *args)
+    if _is_loss_value(out):
+        return "loss", False
+    if isinstance(out, (tuple, list)) and len(out) == 2 and _is_loss_value(out[0]):
+        return "loss", True
+    return "step", False
+
+
+def _split_modules(fn: Callable, args: tuple) -> tuple[Callable, tuple]:
+    """Replace NNX modules among ``args`` by their state; ``fn`` merges them back."""
+    if "flax.nnx" not in sys.modules:  # no NNX module can be among the arguments
+        return fn, args
+    from flax import nnx
+
+    graphdefs = [nnx.split(a) if isinstance(a, nnx.Module) else None for a in args]
+    if not any(graphdefs):
+        return fn, args
+
+    def merged(*states):
+        return fn(*[nnx.merge(g[0], s) if g else s for g, s in zip(graphdefs, states)])
+
+    merged.__name__ = getattr(fn, "__name__", "fn")
+    return merged, tuple(g[1] if g else a for g, a in zip(graphdefs, args))
+
+
+def _region(record: RegionRecord, calls: int) -> Region:
+    saved, offloaded = policy_names(record.policy)
+    kept, host = kept_per_call(record, record.policy)
+    nothing = kept if record.policy is None else kept_per_call(record, None)[0]
+    everything = kept_per_call(record, _EVERYTHING)[0]
+    return Region(record.index + 1, record.policy_name, record.position, record.site, record.function,
+                  tuple(sorted(region_tags(record.jaxpr))), tuple(sorted(saved)), tuple(sorted(offloaded)), calls,
+                  kept, host, everything, nothing)
+
+
+def _survival(program: Callable, args: tuple, region: Region, record: RegionRecord, base: dict) -> Survival | None:
+    """Compile the program with ``region`` at ``everything_saveable`` and judge it, or None without a promise."""
+    device_kept = (region.kept_bytes_per_call - region.offloaded_bytes_per_call) * region.calls
+    everything = region.everything_bytes_per_call * region.calls
+    if region.calls == 0 or region.promised_saving_bytes <= 0:
+        return None
+    traced, _ = trace_program(program, args, {record.key: _EVERYTHING})
+    variant = compile_stats(traced)
+    return assess(f"region #{region.number}", none_saved=everything, saved=device_kept,
+                  none_temp=variant["temp_bytes"], temp=base["temp_bytes"],
+                  dots_before=base["dots_before"], dots_after=base["dots_after"])
+
+
+def _stacked(kind: str, fn: Callable, args: tuple, argnums: tuple[int, ...], has_aux: bool, traced: Any) -> list:
+    if kind == "loss":
+        jaxpr, residuals = vjp_forward(fn, args, argnums, has_aux)
+        return parameter_copies(jaxpr) + unread_outputs(jaxpr, residuals)
+    return parameter_copies(traced.jaxpr)
+
+
+def doctor(fn: Callable, *args, argnums: int | tuple[int, ...] = 0, has_aux: bool | None = None,
+           compile: bool = True) -> Diagnosis:
+    """Check the remat of a loss or train step: does each region keep what its policy names, survive
+    compilation, offload to host; does a scan stack what nobody reads.
+
+    Args:
+        fn: a loss (returns a float scalar, or ``(scalar, aux)``), differentiated here with
+            ``jax.value_and_grad(fn, argnums, has_aux)``; or a whole train step that calls
+            ``jax.grad`` / ``jax.value_and_grad`` / ``nnx.grad`` inside (returns anything else),
+            checked as it is. Any JAX function: ``jax.checkpoint`` over ``lax.scan``, ``nnx.remat``
+            + ``nnx.scan``, Linen ``nn.remat`` / ``nn.remat_scan``, :func:`jaxremat.remat_scan`,
+            :func:`jaxremat.remat_stack`, Python loops. May be ``jax.jit``-ed.
+        *args: its arguments: pytrees of arrays or ``jax.ShapeDtypeStruct`` s (nothing is
+            allocated or run), or ``flax.nnx`` modules (split into their state here).
+        argnums: the arguments a loss is differentiated in.
+        has_aux: the loss returns ``(loss, aux)``; None decides from its output.
+        compile: compile the program (once, and once more per region whose policy promises a
+            saving) to check ``remat-not-surviving`` and compiled offload; False checks the traced
+            program only (seconds).
+
+    Returns:
+        :class:`jaxremat.doctor.Diagnosis`: ``problems`` (empty when none is found), ``regions``,
+        ``compiled``; ``str()`` is the table.
+
+    Raises:
+        Whatever tracing ``fn`` raises (a wrong argument shape, a non-array argument).
+
+    Clears JAX's in-memory trace and compile caches (``jax.clear_caches``) before each trace, so
+    that every region is differentiated again under the doctor's eye; the user's jitted functions
+    compile again on their next call. Source: ``jax.checkpoint`` policies (``jax/_src/ad_checkpoint.py``).
+    """
+    name = getattr(fn, "__name__", type(fn).__name__)
+    fn, args = _split_modules(fn, args)
+    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    kind, aux = program_kind(fn, *args)
+    has_aux = aux if has_aux is None else has_aux
+    program = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux) if kind == "loss" else fn
+    traced, records = trace_program(program, args)
+    calls = region_calls(traced.jaxpr)
+    regions = [_region(r, calls.get(r.index, 0)) for r in records]
+    answers = [region_answers(r.policy, r.jaxpr) for r in records]
+    problems: list[Problem] = []
+    for region, ans in zip(regions, answers):
+        problems += checks.name_missing(region) + checks.policy_dropped(region, ans, "vmap" in region.position)
+    compiled, notes = None, []
+    if compile:
+        compiled = compile_stats(traced)
+        for i, (region, record) in enumerate(zip(regions, records)):
+            survival = _survival(program, args, region, record, compiled)
+            if survival is not None:
+                regions[i] = region = _with_saving(region, survival)
+                problems += checks.not_surviving(region, survival)
+    for region, ans in zip(regions, answers):
+        problems += checks.offload_not_host(region, ans, compiled)
+    for found in _stacked(kind, fn, args, argnums, has_aux, traced):
+        problems += checks.stacked_output(found)
+    notes += _notes(regions, answers, compiled)
+    program_name = f"value_and_grad({name})" if kind == "loss" else name
+    return Diagnosis(program_name, tuple(regions), tuple(problems), compiled, tuple(notes))
+
+
+def _with_saving(region: Region, survival: Survival) -> Region:
+    return dataclasses.replace(region, compiled_saving_bytes=survival.realized_saving_bytes)
+
+
+def _notes(regions: list[Region], answers: list, compiled: dict | None) -> list[str]:
+    notes = []
+    if not regions:
+        notes.append("no remat region is differentiated in this program: nothing is checkpointed (Flax's "
+                     "nn.remat_scan with a single length checkpoints nothing; a checkpoint whose inputs carry no "
+                     "gradient is not differentiated)")
+    if compiled and compiled["backend"] == "cpu" and any(a.offload_dsts for a in answers):
+        notes.append("on cpu, host and device memory are one: the compiled offload check runs on a GPU or TPU backend")
+    return notes
