@@ -16,7 +16,7 @@ Steps (docs/doctor.md has the why of each):
 5. Unless ``compile=False``: compile the program once (temp bytes, matrix products, host
    buffers), and once more per region whose policy promises a saving, with that region at
    ``everything_saveable``: ``remat-not-surviving`` when the compiled temp bytes do not show the
-   promised saving (:func:`jaxremat.survival.assess`).
+   promised saving (:func:`jaxremat.doctor.checks.not_surviving`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from ..survival import Survival, assess
+from ..survival import MIN_PROMISED
 from . import checks
 from .diagnosis import Diagnosis, Problem, Region
 from .measure import compile_stats, kept_per_call, trace_program, vjp_forward
@@ -38,9 +38,13 @@ from .policy_probe import policy_names, region_answers, region_tags
 from .regions import RegionRecord, region_calls
 from .stacked import parameter_copies, unread_outputs
 
-__all__ = ["doctor", "program_kind"]
+__all__ = ["MIN_PROMISED_OF_TEMP", "doctor", "program_kind"]
 
 _EVERYTHING = jax.checkpoint_policies.everything_saveable
+MIN_PROMISED_OF_TEMP = 0.01
+"""A region's compiled saving is measured when its traced saving is at least this fraction of the
+program's compiled temp bytes (and :data:`jaxremat.survival.MIN_PROMISED` of what
+``everything_saveable`` keeps in it); smaller ones are within XLA's scheduling noise."""
 
 
 def _is_loss_value(value: Any) -> bool:
@@ -83,22 +87,22 @@ def _region(record: RegionRecord, calls: int) -> Region:
     kept, host = kept_per_call(record, record.policy)
     nothing = kept if record.policy is None else kept_per_call(record, None)[0]
     everything = kept_per_call(record, _EVERYTHING)[0]
+    device = kept if jax.default_backend() == "cpu" else kept - host  # on a CPU, host memory is device memory
     return Region(record.index + 1, record.policy_name, record.position, record.site, record.function,
                   tuple(sorted(region_tags(record.jaxpr))), tuple(sorted(saved)), tuple(sorted(offloaded)), calls,
-                  kept, host, everything, nothing)
+                  kept, host, everything, nothing, max(0, everything - device) * calls)
 
 
-def _survival(program: Callable, args: tuple, region: Region, record: RegionRecord, base: dict) -> Survival | None:
-    """Compile the program with ``region`` at ``everything_saveable`` and judge it, or None without a promise."""
-    device_kept = (region.kept_bytes_per_call - region.offloaded_bytes_per_call) * region.calls
-    everything = region.everything_bytes_per_call * region.calls
-    if region.calls == 0 or region.promised_saving_bytes <= 0:
-        return None
+def _compiled_saving(program: Callable, args: tuple, region: Region, record: RegionRecord, base: dict) -> Region:
+    """``region`` with its compiled saving: the program compiled with it at ``everything_saveable``, less
+    ``base``'s temp bytes; unchanged (None) when it recomputes nothing or promises too little."""
+    promised = region.promised_saving_bytes
+    if (region.calls == 0 or promised < MIN_PROMISED * region.everything_bytes_per_call * region.calls
+            or promised < MIN_PROMISED_OF_TEMP * base["temp_bytes"]):
+        return region
     traced, _ = trace_program(program, args, {record.key: _EVERYTHING})
     variant = compile_stats(traced)
-    return assess(f"region #{region.number}", none_saved=everything, saved=device_kept,
-                  none_temp=variant["temp_bytes"], temp=base["temp_bytes"],
-                  dots_before=base["dots_before"], dots_after=base["dots_after"])
+    return dataclasses.replace(region, compiled_saving_bytes=variant["temp_bytes"] - base["temp_bytes"])
 
 
 def _stacked(kind: str, fn: Callable, args: tuple, argnums: tuple[int, ...], has_aux: bool, traced: Any) -> list:
@@ -155,11 +159,8 @@ def doctor(fn: Callable, *args, argnums: int | tuple[int, ...] = 0, has_aux: boo
     compiled, notes = None, []
     if compile:
         compiled = compile_stats(traced)
-        for i, (region, record) in enumerate(zip(regions, records)):
-            survival = _survival(program, args, region, record, compiled)
-            if survival is not None:
-                regions[i] = region = _with_saving(region, survival)
-                problems += checks.not_surviving(region, survival)
+        regions = [_compiled_saving(program, args, g, r, compiled) for g, r in zip(regions, records)]
+        problems += [p for g in regions for p in checks.not_surviving(g, compiled)]
     for region, ans in zip(regions, answers):
         problems += checks.offload_not_host(region, ans, compiled)
     for found in _stacked(kind, fn, args, argnums, has_aux, traced):
@@ -167,10 +168,6 @@ def doctor(fn: Callable, *args, argnums: int | tuple[int, ...] = 0, has_aux: boo
     notes += _notes(regions, answers, compiled)
     program_name = f"value_and_grad({name})" if kind == "loss" else name
     return Diagnosis(program_name, tuple(regions), tuple(problems), compiled, tuple(notes))
-
-
-def _with_saving(region: Region, survival: Survival) -> Region:
-    return dataclasses.replace(region, compiled_saving_bytes=survival.realized_saving_bytes)
 
 
 def _notes(regions: list[Region], answers: list, compiled: dict | None) -> list[str]:

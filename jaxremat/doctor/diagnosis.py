@@ -72,6 +72,8 @@ class Region:
         kept_bytes_per_call: residual bytes one call keeps for the backward pass beyond its inputs (traced).
         offloaded_bytes_per_call: those of them in host memory.
         everything_bytes_per_call, nothing_bytes_per_call: the same under ``everything_saveable`` / ``nothing_saveable``.
+        promised_saving_bytes: device bytes its policy keeps less than ``everything_saveable``, all
+            calls (traced; on a CPU backend, where host memory is device memory, offloaded bytes count as kept).
         compiled_saving_bytes: compiled temp bytes of the program with this region at
             ``everything_saveable`` less those of the program as it is; None when not compiled.
     """
@@ -89,18 +91,13 @@ class Region:
     offloaded_bytes_per_call: int
     everything_bytes_per_call: int
     nothing_bytes_per_call: int
+    promised_saving_bytes: int
     compiled_saving_bytes: int | None = None
 
     @property
     def kept_bytes(self) -> int:
         """Residual bytes kept by all its calls (traced)."""
         return self.kept_bytes_per_call * self.calls
-
-    @property
-    def promised_saving_bytes(self) -> int:
-        """Device bytes its policy keeps less than ``everything_saveable``, over all calls (traced)."""
-        device = self.kept_bytes_per_call - self.offloaded_bytes_per_call
-        return max(0, self.everything_bytes_per_call - device) * self.calls
 
     def place(self) -> str:
         """``"region #N (POLICY) in scan(24) at path:line"``."""

@@ -19,8 +19,6 @@ from typing import Any, Callable
 
 import jax
 import jax.extend.core
-import jax.numpy as jnp
-from jax import lax
 
 from ..memory import compiled_stats, saved_residuals
 from ..survival import count_dots
@@ -31,19 +29,12 @@ __all__ = ["compile_stats", "host_buffers", "kept_per_call", "trace_program", "v
 _HOST_SPACE = re.compile(r"S\(5\)")  # XLA's host memory space in an HLO shape's layout, e.g. f32[4,8]{1,0:S(5)}
 
 
-def _region_function(record: RegionRecord) -> Callable:
-    run = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(record.jaxpr, ()))
-
-    def region(*args):
-        held = [a if t or not jnp.issubdtype(a.dtype, jnp.inexact) else lax.stop_gradient(a)
-                for a, t in zip(args, record.tangent_in)]
-        return run(*held)
-
-    return region
-
-
 def kept_per_call(record: RegionRecord, policy: Callable | None) -> tuple[int, int]:
     """``(kept_bytes, host_bytes)``: residual bytes one call of the region keeps under ``policy``.
+
+    The region runs as ``jax.checkpoint(region, policy=policy)``, differentiated in the inputs that
+    carry a tangent in the program; the others are closed over from an enclosing trace, so that they
+    are constants to the differentiation (as there), and nothing is allocated.
 
     Args:
         record: the region.
@@ -53,10 +44,23 @@ def kept_per_call(record: RegionRecord, policy: Callable | None) -> tuple[int, i
         Bytes of the residuals that are not the region's inputs (nor views of them), and of those
         the ones in host memory (offloaded).
     """
-    fn = jax.checkpoint(_region_function(record), policy=policy, prevent_cse=False)
+    run = jax.checkpoint(jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(record.jaxpr, ())),
+                         policy=policy, prevent_cse=False)
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in record.in_avals]
-    records = [r for r in saved_residuals(fn, *structs) if not r.is_argument]
-    return sum(r.bytes for r in records), sum(r.bytes for r in records if r.memory == "host")
+    diff = [s for s, t in zip(structs, record.tangent_in) if t]
+    found: list = []
+
+    def outer(*held):
+        def region(*d):
+            d, h = iter(d), iter(held)
+            return run(*[next(d) if t else next(h) for t in record.tangent_in])
+
+        found.extend(r for r in saved_residuals(region, *diff) if not r.is_argument)
+        return 0
+
+    if diff:
+        jax.make_jaxpr(outer)(*[s for s, t in zip(structs, record.tangent_in) if not t])
+    return sum(r.bytes for r in found), sum(r.bytes for r in found if r.memory == "host")
 
 
 def trace_program(program: Callable, args: tuple, swaps: dict | None = None) -> tuple[Any, list[RegionRecord]]:

@@ -187,12 +187,16 @@ class Recorder:
         function = getattr(info, "func_src_info", None) or ""
         name = describe_policy(policy)
         key = (site, function, name, position, tuple(a.str_short() for a in in_avals))
-        if key not in self._by_key:
-            tangent_in = tuple(type(t).__name__ != "Zero" for t in tangents)
-            self._by_key[key] = RegionRecord(len(self.regions), key, jaxpr, in_avals, tangent_in, policy, name,
-                                             position, site, function)
-            self.regions.append(self._by_key[key])
-        return self._by_key[key]
+        tangent_in = tuple(type(t).__name__ != "Zero" for t in tangents)
+        record = self._by_key.get(key)
+        if record is None:
+            record = RegionRecord(len(self.regions), key, jaxpr, in_avals, tangent_in, policy, name, position, site,
+                                  function)
+            self._by_key[key] = record
+            self.regions.append(record)
+        # a scan differentiates its body until the carry's tangents settle: an input may gain one
+        record.tangent_in = tuple(a or b for a, b in zip(record.tangent_in, tangent_in))
+        return record
 
 
 @contextlib.contextmanager

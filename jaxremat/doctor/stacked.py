@@ -31,10 +31,12 @@ from typing import Any, Iterator
 import jax
 import jax.extend.core
 import numpy as np
+from jax._src.interpreters import partial_eval as _pe
+
 
 from .regions import eqn_site
 
-__all__ = ["MIN_COPY_FRACTION", "MIN_SLICE_FRACTION", "StackedOutput", "parameter_copies", "unread_outputs"]
+__all__ = ["MIN_COPY_FRACTION", "MIN_SLICE_FRACTION", "StackedOutput", "live", "parameter_copies", "unread_outputs"]
 
 MIN_COPY_FRACTION = 0.1
 """Stacked copies of a scan's inputs count when they add up to this fraction of its scanned inputs' bytes."""
@@ -70,6 +72,16 @@ class StackedOutput:
 
 def _nbytes(aval: Any) -> int:
     return int(np.prod(aval.shape, dtype=np.int64)) * int(aval.dtype.itemsize)
+
+
+def live(jaxpr: Any) -> Any:
+    """``jaxpr`` with dead code removed (``jax._src.interpreters.partial_eval.dce_jaxpr``, keeping every
+    output; scans lose the ``ys`` nothing reads), so that what is left is what XLA keeps."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    try:
+        return _pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)[0]
+    except Exception:  # a program DCE cannot handle: look at it whole
+        return jaxpr
 
 
 def _is_var(v: Any) -> bool:
@@ -115,7 +127,7 @@ def parameter_copies(jaxpr: Any) -> list[StackedOutput]:
         jaxpr: a program (``jax.extend.core.Jaxpr`` or ``ClosedJaxpr``).
     """
     found = []
-    for eqn in _scans(getattr(jaxpr, "jaxpr", jaxpr), deep=True):
+    for eqn in _scans(live(jaxpr), deep=True):
         n_carry, n_in = eqn.params["num_carry"], eqn.params["num_consts"] + eqn.params["num_carry"]
         ys = eqn.outvars[n_carry:]
         copies = [ys[j] for j in _copy_positions(eqn) if _is_var(ys[j])]
@@ -152,6 +164,7 @@ def unread_outputs(jaxpr: Any, residuals: set) -> list[StackedOutput]:
         residuals: its output variables that are residuals (the rest are the function's outputs).
     """
     found = []
+    jaxpr = live(jaxpr)
     read, used = _read_by_backward(jaxpr, residuals), _used(jaxpr)
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _CALLS:
