@@ -15,7 +15,8 @@ docs/doctor.md describes the checks, what each measures and its limits.
 import sys
 import types
 
-from .core import doctor, program_kind
+from .core import doctor
+from .program import program_kind
 from .diagnosis import PROBLEM_KINDS, Diagnosis, Problem, Region
 
 __all__ = ["Diagnosis", "PROBLEM_KINDS", "Problem", "Region", "doctor", "program_kind"]

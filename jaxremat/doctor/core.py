@@ -2,10 +2,9 @@
 
 Steps (docs/doctor.md has the why of each):
 
-1. Decide what to differentiate: ``fn`` returning a float scalar (or ``(scalar, aux)``) is a loss,
-   checked as ``jax.value_and_grad(fn, argnums)``; anything else is a whole train step that
-   differentiates inside, checked as it is. ``flax.nnx`` modules among ``args`` are split into
-   their state (``nnx.split``) and merged back inside.
+1. Decide what to differentiate (:mod:`jaxremat.doctor.program`): a loss is checked as
+   ``jax.value_and_grad`` in the float leaves of ``args[argnums]``, a train step that
+   differentiates inside as it is; ``flax.nnx`` modules among ``args`` are split into their state.
 2. Trace the program once with every remat region recorded where JAX differentiates it
    (:mod:`jaxremat.doctor.regions`), and count each region's recompute runs in the program.
 3. Per region, read the policy's names and answers (:mod:`jaxremat.doctor.policy_probe`) and the
@@ -21,65 +20,27 @@ Steps (docs/doctor.md has the why of each):
 
 from __future__ import annotations
 
-# Deferred imports: flax.nnx loads only when an argument is an NNX module.
-
 import dataclasses
-import sys
-from typing import Any, Callable
+from typing import Callable
 
 import jax
-import jax.numpy as jnp
 
 from ..survival import MIN_PROMISED
 from . import checks
 from .diagnosis import Diagnosis, Problem, Region
 from .measure import compile_stats, kept_per_call, trace_program, vjp_forward
 from .policy_probe import policy_names, region_answers, region_tags
+from .program import Program, flatten_modules, make_program
 from .regions import RegionRecord, region_calls
 from .stacked import parameter_copies, unread_outputs
 
-__all__ = ["MIN_PROMISED_OF_TEMP", "doctor", "program_kind"]
+__all__ = ["MIN_PROMISED_OF_TEMP", "doctor"]
 
 _EVERYTHING = jax.checkpoint_policies.everything_saveable
 MIN_PROMISED_OF_TEMP = 0.01
 """A region's compiled saving is measured when its traced saving is at least this fraction of the
 program's compiled temp bytes (and :data:`jaxremat.survival.MIN_PROMISED` of what
 ``everything_saveable`` keeps in it); smaller ones are within XLA's scheduling noise."""
-
-
-def _is_loss_value(value: Any) -> bool:
-    return (isinstance(value, jax.ShapeDtypeStruct) and value.shape == ()
-            and jnp.issubdtype(value.dtype, jnp.inexact))
-
-
-def program_kind(fn: Callable, *args) -> tuple[str, bool]:
-    """``("loss", has_aux)`` when ``fn`` returns a float scalar or ``(scalar, aux)``, else ``("step", False)``.
-
-    Traces ``fn`` once (``jax.eval_shape``).
-    """
-    out = jax.eval_shape(fn, *args)
-    if _is_loss_value(out):
-        return "loss", False
-    if isinstance(out, (tuple, list)) and len(out) == 2 and _is_loss_value(out[0]):
-        return "loss", True
-    return "step", False
-
-
-def _split_modules(fn: Callable, args: tuple) -> tuple[Callable, tuple]:
-    """Replace NNX modules among ``args`` by their state; ``fn`` merges them back."""
-    if "flax.nnx" not in sys.modules:  # no NNX module can be among the arguments
-        return fn, args
-    from flax import nnx
-
-    graphdefs = [nnx.split(a) if isinstance(a, nnx.Module) else None for a in args]
-    if not any(graphdefs):
-        return fn, args
-
-    def merged(*states):
-        return fn(*[nnx.merge(g[0], s) if g else s for g, s in zip(graphdefs, states)])
-
-    merged.__name__ = getattr(fn, "__name__", "fn")
-    return merged, tuple(g[1] if g else a for g, a in zip(graphdefs, args))
 
 
 def _region(record: RegionRecord, calls: int) -> Region:
@@ -93,23 +54,23 @@ def _region(record: RegionRecord, calls: int) -> Region:
                   kept, host, everything, nothing, max(0, everything - device) * calls)
 
 
-def _compiled_saving(program: Callable, args: tuple, region: Region, record: RegionRecord, base: dict) -> Region:
+def _compiled_saving(program: Program, region: Region, record: RegionRecord, base: dict) -> Region:
     """``region`` with its compiled saving: the program compiled with it at ``everything_saveable``, less
     ``base``'s temp bytes; unchanged (None) when it recomputes nothing or promises too little."""
     promised = region.promised_saving_bytes
     if (region.calls == 0 or promised < MIN_PROMISED * region.everything_bytes_per_call * region.calls
             or promised < MIN_PROMISED_OF_TEMP * base["temp_bytes"]):
         return region
-    traced, _ = trace_program(program, args, {record.key: _EVERYTHING})
+    traced, _ = trace_program(program.value_and_grad, program.leaves, {record.key: _EVERYTHING})
     variant = compile_stats(traced)
     return dataclasses.replace(region, compiled_saving_bytes=variant["temp_bytes"] - base["temp_bytes"])
 
 
-def _stacked(kind: str, fn: Callable, args: tuple, argnums: tuple[int, ...], has_aux: bool, traced: Any) -> list:
-    if kind == "loss":
-        jaxpr, residuals = vjp_forward(fn, args, argnums, has_aux)
+def _stacked(program: Program, traced_jaxpr) -> list:
+    if program.kind == "loss":
+        jaxpr, residuals = vjp_forward(program)
         return parameter_copies(jaxpr) + unread_outputs(jaxpr, residuals)
-    return parameter_copies(traced.jaxpr)
+    return parameter_copies(traced_jaxpr)
 
 
 def doctor(fn: Callable, *args, argnums: int | tuple[int, ...] = 0, has_aux: bool | None = None,
@@ -119,24 +80,25 @@ def doctor(fn: Callable, *args, argnums: int | tuple[int, ...] = 0, has_aux: boo
 
     Args:
         fn: a loss (returns a float scalar, or ``(scalar, aux)``), differentiated here with
-            ``jax.value_and_grad(fn, argnums, has_aux)``; or a whole train step that calls
-            ``jax.grad`` / ``jax.value_and_grad`` / ``nnx.grad`` inside (returns anything else),
-            checked as it is. Any JAX function: ``jax.checkpoint`` over ``lax.scan``, ``nnx.remat``
-            + ``nnx.scan``, Linen ``nn.remat`` / ``nn.remat_scan``, :func:`jaxremat.remat_scan`,
+            ``jax.value_and_grad`` in the float leaves of ``args[argnums]``; or a whole train step
+            that calls ``jax.grad`` / ``jax.value_and_grad`` / ``nnx.grad`` inside, checked as it
+            is. Any JAX function: ``jax.checkpoint`` over ``lax.scan``, ``nnx.remat`` +
+            ``nnx.scan``, Linen ``nn.remat`` / ``nn.remat_scan``, :func:`jaxremat.remat_scan`,
             :func:`jaxremat.remat_stack`, Python loops. May be ``jax.jit``-ed.
         *args: its arguments: pytrees of arrays or ``jax.ShapeDtypeStruct`` s (nothing is
             allocated or run), or ``flax.nnx`` modules (split into their state here).
-        argnums: the arguments a loss is differentiated in.
+        argnums: the arguments a loss is differentiated in (their float leaves).
         has_aux: the loss returns ``(loss, aux)``; None decides from its output.
         compile: compile the program (once, and once more per region whose policy promises a
             saving) to check ``remat-not-surviving`` and compiled offload; False checks the traced
-            program only (seconds).
+            program only.
 
     Returns:
         :class:`jaxremat.doctor.Diagnosis`: ``problems`` (empty when none is found), ``regions``,
         ``compiled``; ``str()`` is the table.
 
     Raises:
+        ValueError: ``argnums`` out of range, or a loss with no float leaf there.
         Whatever tracing ``fn`` raises (a wrong argument shape, a non-array argument).
 
     Clears JAX's in-memory trace and compile caches (``jax.clear_caches``) before each trace, so
@@ -144,38 +106,34 @@ def doctor(fn: Callable, *args, argnums: int | tuple[int, ...] = 0, has_aux: boo
     compile again on their next call. Source: ``jax.checkpoint`` policies (``jax/_src/ad_checkpoint.py``).
     """
     name = getattr(fn, "__name__", type(fn).__name__)
-    fn, args = _split_modules(fn, args)
-    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    kind, aux = program_kind(fn, *args)
-    has_aux = aux if has_aux is None else has_aux
-    program = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux) if kind == "loss" else fn
-    traced, records = trace_program(program, args)
+    fn, args = flatten_modules(fn, args)
+    program = make_program(fn, args, (argnums,) if isinstance(argnums, int) else tuple(argnums), has_aux)
+    traced, records = trace_program(program.value_and_grad, program.leaves)
     calls = region_calls(traced.jaxpr)
     regions = [_region(r, calls.get(r.index, 0)) for r in records]
     answers = [region_answers(r.policy, r.jaxpr) for r in records]
     problems: list[Problem] = []
     for region, ans in zip(regions, answers):
         problems += checks.name_missing(region) + checks.policy_dropped(region, ans, "vmap" in region.position)
-    compiled, notes = None, []
+    compiled = None
     if compile:
         compiled = compile_stats(traced)
-        regions = [_compiled_saving(program, args, g, r, compiled) for g, r in zip(regions, records)]
+        regions = [_compiled_saving(program, g, r, compiled) for g, r in zip(regions, records)]
         problems += [p for g in regions for p in checks.not_surviving(g, compiled)]
     for region, ans in zip(regions, answers):
         problems += checks.offload_not_host(region, ans, compiled)
-    for found in _stacked(kind, fn, args, argnums, has_aux, traced):
+    for found in _stacked(program, traced.jaxpr):
         problems += checks.stacked_output(found)
-    notes += _notes(regions, answers, compiled)
-    program_name = f"value_and_grad({name})" if kind == "loss" else name
-    return Diagnosis(program_name, tuple(regions), tuple(problems), compiled, tuple(notes))
+    program_name = f"value_and_grad({name})" if program.kind == "loss" else name
+    return Diagnosis(program_name, tuple(regions), tuple(problems), compiled, tuple(_notes(regions, answers, compiled)))
 
 
 def _notes(regions: list[Region], answers: list, compiled: dict | None) -> list[str]:
     notes = []
     if not regions:
-        notes.append("no remat region is differentiated in this program: nothing is checkpointed (Flax's "
-                     "nn.remat_scan with a single length checkpoints nothing; a checkpoint whose inputs carry no "
-                     "gradient is not differentiated)")
+        notes.append("no jax.checkpoint region is differentiated in this program (Flax's nn.remat_scan with one "
+                     "length checkpoints nothing; jaxremat.remat_scan's reverse loop recomputes without one unless "
+                     "given a policy; a checkpoint whose inputs carry no gradient is not differentiated)")
     if compiled and compiled["backend"] == "cpu" and any(a.offload_dsts for a in answers):
         notes.append("on cpu, host and device memory are one: the compiled offload check runs on a GPU or TPU backend")
     return notes

@@ -140,7 +140,7 @@ class Diagnosis:
         for header, justify in (("#", "right"), ("at", "left"), ("inside", "left"), ("policy", "left"),
                                 ("tags", "left"), ("calls", "right"), ("kept/call", "right"),
                                 ("kept (traced)", "right"), ("saving: compiled / traced", "right")):
-            table.add_column(header, justify=justify, overflow="fold")
+            table.add_column(header, justify=justify)
         for r in self.regions:
             saving = (f"{format_bytes(r.compiled_saving_bytes)} / {format_bytes(r.promised_saving_bytes)}"
                       if r.compiled_saving_bytes is not None else f"- / {format_bytes(r.promised_saving_bytes)}")
@@ -153,7 +153,7 @@ class Diagnosis:
 
     def __str__(self) -> str:
         out = io.StringIO()
-        console = Console(file=out, width=160, no_color=True, color_system=None, force_terminal=False,
+        console = Console(file=out, width=200, no_color=True, color_system=None, force_terminal=False,
                           highlight=False, emoji=False, markup=False)
         n = len(self.problems)
         console.print(f"remat doctor: {self.program}: {len(self.regions)} remat region(s), "

@@ -22,6 +22,7 @@ import jax.extend.core
 
 from ..memory import compiled_stats, saved_residuals
 from ..survival import count_dots
+from .program import Program
 from .regions import RegionRecord, recording
 
 __all__ = ["compile_stats", "host_buffers", "kept_per_call", "trace_program", "vjp_forward"]
@@ -97,24 +98,19 @@ def compile_stats(traced: Any) -> dict[str, Any]:
             "host_buffers": host_buffers(text), "backend": jax.default_backend()}
 
 
-def vjp_forward(loss: Callable, args: tuple, argnums: tuple[int, ...], has_aux: bool) -> tuple[Any, set]:
-    """``(jaxpr, residual variables)``: the forward pass of ``jax.vjp`` of ``loss`` in ``args[argnums]``.
+def vjp_forward(program: Program) -> tuple[Any, set]:
+    """``(jaxpr, residual variables)``: the forward pass of ``jax.vjp`` of a loss in its differentiated leaves.
 
     The residuals are the leaves of the pullback ``jax.vjp`` returns, as outputs of the traced
     program (the other outputs are the loss and its auxiliary values).
     """
-    def forward(*all_args):
-        def diff(*d):
-            full = list(all_args)
-            for i, a in zip(argnums, d):
-                full[i] = a
-            return loss(*full)
+    def forward(*leaves):
+        return jax.vjp(lambda *d: program.loss_of(d, leaves), *[leaves[i] for i in program.diff],
+                       has_aux=program.has_aux)
 
-        return jax.vjp(diff, *[all_args[i] for i in argnums], has_aux=has_aux)
-
-    closed, out_shape = jax.make_jaxpr(forward, return_shape=True)(*args)
+    closed, out_shape = jax.make_jaxpr(forward, return_shape=True)(*program.leaves)
     n_res = len(jax.tree_util.tree_leaves(out_shape[1]))
-    n_aux = len(jax.tree_util.tree_leaves(out_shape[2])) if has_aux else 0
+    n_aux = len(jax.tree_util.tree_leaves(out_shape[2])) if program.has_aux else 0
     outvars = closed.jaxpr.outvars
     residuals = outvars[len(outvars) - n_aux - n_res:len(outvars) - n_aux]
     return closed.jaxpr, {v for v in residuals if isinstance(v, jax.extend.core.Var)}
