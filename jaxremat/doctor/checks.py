@@ -125,12 +125,18 @@ def stacked_output(found: StackedOutput) -> list[Problem]:
     """``stacked-output`` for one wasteful stacked output of a scan."""
     shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in found.shapes)
     where = f"scan({found.length})" + (f" at {found.site}" if found.site else "")
-    if found.kind == "copy":
-        message = (f"the scan stacks a per-layer copy of its scanned inputs ({shapes}, "
-                   f"{format_bytes(found.bytes)}, against {format_bytes(found.reference_bytes)} scanned): a cast or "
-                   "view of each layer's parameters saved for the backward pass")
+    if found.kind == "cast":
+        message = (f"the scan stacks a per-layer cast of its scanned inputs ({shapes}, {format_bytes(found.bytes)}, "
+                   f"against {format_bytes(found.reference_bytes)} scanned): each layer's parameters cast and saved "
+                   "for the backward pass")
         fix = ("cast the stacked parameters once before the scan, or checkpoint the scan body so the cast is "
                "recomputed")
+    elif found.kind == "copy":
+        message = (f"the scan hands its scanned inputs back out as stacked outputs ({shapes}, "
+                   f"{format_bytes(found.bytes)}, against {format_bytes(found.reference_bytes)} scanned): a second "
+                   "copy of the stacked parameters (nnx.scan returns the module's state so)")
+        fix = ("scan over the split state with jax.lax.scan and nnx.merge inside the body (as "
+               "jaxremat.remat_stack does), so that the parameters are not outputs of the loop")
     else:
         message = (f"the scan returns a stacked per-layer output ({shapes}, {format_bytes(found.bytes)}) that the "
                    "backward pass does not read; it stays live through the forward pass under any remat policy")

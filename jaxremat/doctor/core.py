@@ -30,7 +30,7 @@ from . import checks
 from .diagnosis import Diagnosis, Problem, Region
 from .measure import compile_stats, kept_per_call, trace_program, vjp_forward
 from .policy_probe import policy_names, region_answers, region_tags
-from .program import Program, flatten_modules, make_program
+from .program import Program, make_program
 from .regions import RegionRecord, region_calls
 from .stacked import parameter_copies, unread_outputs
 
@@ -106,7 +106,6 @@ def doctor(fn: Callable, *args, argnums: int | tuple[int, ...] = 0, has_aux: boo
     compile again on their next call. Source: ``jax.checkpoint`` policies (``jax/_src/ad_checkpoint.py``).
     """
     name = getattr(fn, "__name__", type(fn).__name__)
-    fn, args = flatten_modules(fn, args)
     program = make_program(fn, args, (argnums,) if isinstance(argnums, int) else tuple(argnums), has_aux)
     traced, records = trace_program(program.value_and_grad, program.leaves)
     calls = region_calls(traced.jaxpr)

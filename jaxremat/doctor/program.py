@@ -28,21 +28,33 @@ from .regions import recording
 __all__ = ["Program", "flatten_modules", "make_program", "program_kind"]
 
 
-def flatten_modules(fn: Callable, args: tuple) -> tuple[Callable, tuple]:
-    """``(fn', args')``: NNX modules among ``args`` replaced by their state, merged back in ``fn'``."""
+def flatten_modules(fn: Callable, args: tuple) -> tuple[Callable, Callable, tuple]:
+    """``(loss_fn, step_fn, args')``: NNX modules among ``args`` replaced by their state, merged back inside.
+
+    ``step_fn`` also returns the modules' state after the call (``nnx.state``): an NNX train step
+    updates its model in place and may return only its loss, and without its updated state as an
+    output the whole backward pass would be dead code to XLA. Without NNX modules both are ``fn``.
+    """
     if "flax.nnx" not in sys.modules:  # no NNX module can be among the arguments
-        return fn, args
+        return fn, fn, args
     from flax import nnx
 
     split = [nnx.split(a) if isinstance(a, nnx.Module) else None for a in args]
     if not any(split):
-        return fn, args
+        return fn, fn, args
 
-    def merged(*states):
-        return fn(*[nnx.merge(s[0], state) if s else state for s, state in zip(split, states)])
+    def merge(states):
+        return [nnx.merge(s[0], state) if s else state for s, state in zip(split, states)]
 
-    merged.__name__ = getattr(fn, "__name__", "fn")
-    return merged, tuple(s[1] if s else a for s, a in zip(split, args))
+    def loss_fn(*states):
+        return fn(*merge(states))
+
+    def step_fn(*states):
+        merged = merge(states)
+        return fn(*merged), [nnx.state(m) for s, m in zip(split, merged) if s]
+
+    loss_fn.__name__ = step_fn.__name__ = getattr(fn, "__name__", "fn")
+    return loss_fn, step_fn, tuple(s[1] if s else a for s, a in zip(split, args))
 
 
 def _dtype(leaf: Any) -> Any:
@@ -107,14 +119,16 @@ class Program:
 
 
 def make_program(fn: Callable, args: tuple, argnums: tuple[int, ...], has_aux: bool | None) -> Program:
-    """The :class:`Program` of ``fn(*args)``.
+    """The :class:`Program` of ``fn(*args)`` (NNX modules among ``args`` flattened, :func:`flatten_modules`).
 
     Raises:
         ValueError: an argnum out of range, or a loss with no float leaf in ``args[argnums]``.
     """
     if any(not 0 <= i < len(args) for i in argnums):
         raise ValueError(f"argnums {argnums} out of range for {len(args)} arguments")
+    fn, step_fn, args = flatten_modules(fn, args)
     kind, aux = program_kind(fn, *args)
+    fn = step_fn if kind == "step" else fn
     leaves, treedef = jax.tree_util.tree_flatten(args)
     diff: list[int] = []
     start = 0

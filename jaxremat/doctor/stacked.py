@@ -4,10 +4,13 @@ A ``lax.scan`` over layers writes each ``ys`` output as one ``[L, ...]`` buffer 
 first layer to its last reader. Two such buffers are waste:
 
 * **a stacked copy of a scanned input** (:func:`parameter_copies`): a ``ys`` output the body
-  computes as a layout view or a dtype cast of its own slice of a scanned input, e.g. the weights
-  cast to bfloat16 inside the layer (``nnx.Linear(dtype=jnp.bfloat16)``) and saved for the backward
-  pass of a scan without remat: an ``[L, ...]`` copy of the parameters. JAX forwards a slice that
-  is saved as it is (no copy); a cast or reshape is stacked. Counted when the copies add up to at
+  computes as a layout view or a dtype cast of its own slice of a scanned input: the weights cast
+  to bfloat16 inside the layer (``nnx.Linear(dtype=jnp.bfloat16)``) and saved for the backward pass
+  of a scan without remat, or the module's state that ``nnx.scan`` hands back out of the loop, live
+  in a train step that returns the updated model (measured: an NNX step compiled to 420 KiB of temp
+  memory against 153 KiB for the same step over ``lax.scan``, the difference the size of the
+  stacked parameters). An ``[L, ...]`` copy of the parameters either way. JAX forwards a slice
+  returned as it is (no copy); a cast or a view is stacked. Counted when the copies add up to at
   least :data:`MIN_COPY_FRACTION` of the scan's scanned inputs (a LayerNorm weight broadcast per
   layer is a copy, but a small one);
 * **a stacked output the backward pass does not read** (:func:`unread_outputs`): a ``ys`` output
@@ -53,8 +56,9 @@ class StackedOutput:
     """One wasteful stacked output of a scan.
 
     Attributes:
-        kind: ``"copy"`` (a stacked view or cast of a scanned input) or ``"unread"`` (not read by
-            the backward pass).
+        kind: ``"cast"`` (a stacked dtype cast of a scanned input, e.g. bfloat16 weights saved for the
+            backward pass), ``"copy"`` (the scanned inputs handed out again, e.g. ``nnx.scan`` returning
+            the module's state from a train step) or ``"unread"`` (not read by the backward pass).
         length: the scan's trip count L.
         shapes: the ``[L, ...]`` shapes of the outputs (all of the scan's copies for ``"copy"``).
         bytes: their bytes in all.
@@ -105,18 +109,20 @@ def _scans(jaxpr: Any, deep: bool) -> Iterator[Any]:
                 yield from _scans(sub, deep)
 
 
-def _copy_positions(eqn: Any) -> list[int]:
-    """Indices among a scan's ``ys`` whose body output is a view or cast of a scanned input."""
+def _copy_positions(eqn: Any) -> list[tuple[int, bool]]:
+    """``(index among ys, cast)`` of a scan's ``ys`` whose body output is a view or cast of a scanned input."""
     body = eqn.params["jaxpr"].jaxpr
     n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
     xs = set(body.invars[n_consts + n_carry:])
     producer = {o: e for e in body.eqns for o in e.outvars}
     out = []
     for j, v in enumerate(body.outvars[n_carry:]):
+        cast = False
         while _is_var(v) and v in producer and _is_view(producer[v]):
+            cast = cast or producer[v].primitive.name == "convert_element_type"
             v = producer[v].invars[0]
         if _is_var(v) and v in xs:
-            out.append(j)
+            out.append((j, cast))
     return out
 
 
@@ -130,11 +136,13 @@ def parameter_copies(jaxpr: Any) -> list[StackedOutput]:
     for eqn in _scans(live(jaxpr), deep=True):
         n_carry, n_in = eqn.params["num_carry"], eqn.params["num_consts"] + eqn.params["num_carry"]
         ys = eqn.outvars[n_carry:]
-        copies = [ys[j] for j in _copy_positions(eqn) if _is_var(ys[j])]
+        positions = [(j, cast) for j, cast in _copy_positions(eqn) if _is_var(ys[j])]
+        copies = [ys[j] for j, _ in positions]
         xs_bytes = sum(_nbytes(v.aval) for v in eqn.invars[n_in:])
         copy_bytes = sum(_nbytes(v.aval) for v in copies)
         if copies and xs_bytes and copy_bytes >= MIN_COPY_FRACTION * xs_bytes:
-            found.append(StackedOutput("copy", eqn.params["length"], tuple(tuple(v.aval.shape) for v in copies),
+            kind = "cast" if any(cast for _, cast in positions) else "copy"
+            found.append(StackedOutput(kind, eqn.params["length"], tuple(tuple(v.aval.shape) for v in copies),
                                        copy_bytes, xs_bytes, eqn_site(eqn)))
     return found
 
