@@ -101,9 +101,9 @@ def doctor(fn: Callable, *args, argnums: int | tuple[int, ...] = 0, has_aux: boo
         ValueError: ``argnums`` out of range, or a loss with no float leaf there.
         Whatever tracing ``fn`` raises (a wrong argument shape, a non-array argument).
 
-    Clears JAX's in-memory trace and compile caches (``jax.clear_caches``) before each trace, so
-    that every region is differentiated again under the doctor's eye; the user's jitted functions
-    compile again on their next call. Source: ``jax.checkpoint`` policies (``jax/_src/ad_checkpoint.py``).
+    Each trace runs in a trace context of its own (:mod:`jaxremat.doctor.regions`), so that every
+    region is differentiated again under the doctor's eye; no JAX cache is cleared. Source:
+    ``jax.checkpoint`` policies (``jax/_src/ad_checkpoint.py``).
     """
     name = getattr(fn, "__name__", type(fn).__name__)
     program = make_program(fn, args, (argnums,) if isinstance(argnums, int) else tuple(argnums), has_aux)

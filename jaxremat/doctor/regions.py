@@ -21,9 +21,11 @@ So each region is recorded at that moment:
 
 A region is identified across traces by its user call site, the checkpointed function, its
 policy's description and its input types; a Python loop calling one checkpointed function N times
-is one region with N calls. JAX's trace caches would skip the JVP rule for a function
-differentiated before, so :func:`recording` clears them first (``jax.clear_caches``): the user's own
-jitted functions trace and compile again on their next call.
+is one region with N calls. JAX's trace caches would skip the JVP rule for a function traced or
+differentiated before (a jitted train step traced twice); every cache key holds JAX's *trace
+context*, so :func:`recording` sets a config state of its own in that context, ``jaxremat_doctor_trace``
+(``jax._src.config.int_state(..., include_in_trace_context=True)``), to a fresh value: each recording
+traces anew, and no cache is cleared (compiled executables of the user's session are kept).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import collections
 import contextlib
 import dataclasses
 import inspect
+import itertools
 import os
 import sysconfig
 from typing import Any, Callable, Iterator
@@ -39,6 +42,7 @@ from typing import Any, Callable, Iterator
 import flax
 import jax
 import jax.extend.core
+from jax._src import config as _config
 from jax._src.interpreters import ad as _ad
 from jax.extend.core.primitives import remat_p
 
@@ -50,6 +54,11 @@ _LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for 
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # jaxremat itself
     os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
 )
+_TRACE_KEY_NAME = "jaxremat_doctor_trace"
+_TRACE_KEY = _config.config_states.get(_TRACE_KEY_NAME) or _config.int_state(
+    _TRACE_KEY_NAME, 0, "jaxremat.doctor: a fresh value per recorded trace, so that JAX's trace caches miss",
+    include_in_trace_context=True)
+_TRACES = itertools.count(1)
 _JAXLIB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(jax.__file__))) + os.sep + "jaxlib" + os.sep
 
 
@@ -103,11 +112,15 @@ class RegionRecord:
 
 
 def _is_library(path: str) -> bool:
+    if path.startswith("<"):  # "<string>" (python -c), "<stdin>" are user code; "<frozen ...>" is not
+        return path.startswith("<frozen")
     path = os.path.abspath(path)
-    return path.startswith(_LIBRARY_DIRS) or path.startswith(_JAXLIB_DIR) or path.startswith("<")
+    return path.startswith(_LIBRARY_DIRS) or path.startswith(_JAXLIB_DIR)
 
 
 def _short_path(path: str) -> str:
+    if path.startswith("<"):
+        return path
     rel = os.path.relpath(path)
     return path if rel.startswith("..") else rel
 
@@ -208,16 +221,15 @@ def recording(swaps: dict[tuple, Callable | None] | None = None, stop: Any = Non
         stop: the code object of the caller's frame; the call stack read for positions ends there.
 
     Yields:
-        The :class:`Recorder`; its ``regions`` fill as the caller traces.
-
-    Clears JAX's trace caches on entry (``jax.clear_caches``).
+        The :class:`Recorder`; its ``regions`` fill as the caller traces (under a fresh trace
+        context, see the module docstring).
     """
     original = _ad.primitive_jvps[remat_p]
     recorder = Recorder(original, dict(swaps or {}), stop)
-    jax.clear_caches()
     _ad.primitive_jvps[remat_p] = recorder.rule
     try:
-        yield recorder
+        with _TRACE_KEY(next(_TRACES)):
+            yield recorder
     finally:
         _ad.primitive_jvps[remat_p] = original
 
