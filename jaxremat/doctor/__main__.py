@@ -77,7 +77,9 @@ def load_target(target: str) -> tuple[Callable, tuple]:
         raise BadInput(f"{path_text} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    sys.path.insert(0, str(path.resolve().parent))
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except Exception as err:

@@ -134,41 +134,66 @@ def eqn_site(eqn: Any) -> str:
     return ""
 
 
-def _frame_label(frame: Any, jaxpr: Any) -> str | None:
-    """The transformation a JAX library frame stands for, or None (see :attr:`RegionRecord.position`)."""
+_AD_RULES = ("jvp", "linearize", "partial_eval")  # JAX's differentiation rules for scan, while, cond
+
+
+def _frame_label(frame: Any, jaxpr: Any) -> tuple[str, bool] | None:
+    """``(label, is_rule)``: the transformation a library frame stands for, or None.
+
+    ``is_rule`` marks a differentiation rule's frame (``_scan_linearize``, ``_cond_jvp``, ...): it
+    stands for the scan or cond whose equation is being differentiated, which is the user's call
+    just outside it when there is one (the two are then one position).
+    """
     code, path = frame.f_code, frame.f_code.co_filename.replace(os.sep, "/")
     name = code.co_name
+    differentiating = any(k in name for k in _AD_RULES)
     if code is Recorder.rule.__code__ and frame.f_locals.get("jaxpr") is not jaxpr:
         record = frame.f_locals.get("record")
-        return None if record is None else f"region #{record.index + 1}"
+        return None if record is None else (f"region #{record.index + 1}", False)
     if path.endswith("lax/control_flow/loops.py"):
-        if name == "scan":
-            return f"scan({frame.f_locals.get('length')})"
-        return "while_loop" if name == "while_loop" else None
-    if path.endswith("lax/control_flow/conditionals.py") and name in ("cond", "switch"):
-        return "cond"
+        if name == "scan" or (name.startswith("_scan_") and differentiating and "length" in frame.f_locals):
+            return f"scan({frame.f_locals.get('length')})", name != "scan"
+        if name == "while_loop" or (name.startswith("_while_") and differentiating):
+            return "while_loop", name != "while_loop"
+        return None
+    if path.endswith("lax/control_flow/conditionals.py"):
+        if name in ("cond", "switch") or (name.startswith("_cond_") and differentiating):
+            return "cond", name not in ("cond", "switch")
+        return None
     if path.endswith("_src/custom_derivatives.py"):
         if name == "__call__":
-            return type(frame.f_locals.get("self")).__name__
-        return {"_flatten_fwd": "custom_vjp fwd", "_flatten_bwd": "custom_vjp bwd"}.get(name)
+            return type(frame.f_locals.get("self")).__name__, False
+        label = {"_flatten_fwd": "custom_vjp fwd", "_flatten_bwd": "custom_vjp bwd"}.get(name)
+        return None if label is None else (label, False)
     if path.endswith("_src/api.py") and name == "vmap_f":
-        return "vmap"
+        return "vmap", False
     return None
 
 
 def _call_stack(jaxpr: Any, stop: Any) -> tuple[tuple[str, ...], str]:
     """``(position, site)`` from the live Python stack, up to the doctor's trace frame ``stop``."""
-    labels, site = [], ""
+    frames, site = [], ""
     frame = inspect.currentframe()
     while frame is not None and frame.f_code is not stop:
         path = frame.f_code.co_filename
         if not site and not _is_library(path):
             site = f"{_short_path(path)}:{frame.f_lineno}"
-        label = _frame_label(frame, jaxpr) if _is_library(path) else None
-        if label and not (label == "custom_vjp" and labels and labels[-1].startswith("custom_vjp ")):
-            labels.append(label)
+        if _is_library(path):
+            frames.append(frame)
         frame = frame.f_back
-    return tuple(reversed(labels)), site
+    labels: list[tuple[str, bool]] = []
+    for frame in reversed(frames):  # outermost first
+        found = _frame_label(frame, jaxpr)
+        if found is None:
+            continue
+        label, is_rule = found
+        if is_rule and labels and labels[-1] == (label, False):
+            labels[-1] = (label, True)  # the rule differentiating the call just outside: one position
+        elif label.startswith("custom_vjp ") and labels and labels[-1][0] == "custom_vjp":
+            labels[-1] = found  # the rule's side of the custom_vjp called just outside
+        else:
+            labels.append(found)
+    return tuple(label for label, _ in labels), site
 
 
 class Recorder:
