@@ -29,8 +29,9 @@ _TAG = "jax.ad_checkpoint.checkpoint_name"
 
 MIN_REALIZED_FRACTION = 0.4
 """A region survives when its compiled saving is at least this fraction of its traced one. Measured on
-XLA:CPU, jax 0.10.2 (docs/doctor.md, 2-8 layers, widths 64-256): surviving forms realized 0.51-1.75
-of it, Python-unrolled layers, loops of trip count one and one checkpoint around a whole stack 0.00-0.28."""
+XLA:CPU, jax 0.10.2 (``python scripts/doctor_survival.py``, docs/doctor.md; 2-8 layers, widths 64-256):
+surviving forms realized 0.51-1.75 of it; Python-unrolled layers, loops of trip count one and one
+checkpoint around a whole stack 0.00-0.28."""
 
 
 def name_missing(region: Region) -> list[Problem]:
