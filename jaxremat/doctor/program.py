@@ -4,8 +4,10 @@
   (``nnx.split``) and are merged back inside (``nnx.merge``), so the program takes pytrees of arrays.
 * :func:`program_kind`: ``fn`` is a **loss** when it returns a float scalar (or ``(scalar, aux)``)
   and differentiates nothing itself; else a **train step**. Whether ``fn`` differentiates itself is
-  seen while it is traced once (``jax.eval_shape``): a remat region differentiated in that trace
-  belongs to a ``jax.grad`` inside ``fn`` (an NNX step that returns only its loss is a step).
+  seen while it is traced once (``jax.eval_shape``): a backward pass (JAX's transposition,
+  ``jax._src.interpreters.ad.backward_pass3``, watched for that trace) or a remat region
+  differentiated in that trace belongs to a ``jax.grad`` inside ``fn`` (an NNX step that returns
+  only its loss is a step).
 * :class:`Program`: the program's arguments as one flat list of leaves. A loss is differentiated
   in the float leaves of ``args[argnums]`` (integer leaves, PRNG keys, counters stay constants,
   as ``nnx.grad`` over ``nnx.Param`` s does); :meth:`Program.value_and_grad` is the program the
@@ -16,12 +18,14 @@ from __future__ import annotations
 
 # Deferred imports: flax.nnx loads only when an argument is an NNX module.
 
+import contextlib
 import dataclasses
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
+from jax._src.interpreters import ad as _ad
 
 from .regions import recording
 
@@ -66,11 +70,27 @@ def _is_loss_value(value: Any) -> bool:
             and jnp.issubdtype(value.dtype, jnp.inexact))
 
 
+@contextlib.contextmanager
+def _backward_passes() -> Iterator[list]:
+    """Count JAX's backward passes (transpositions) while the context is open."""
+    original, count = _ad.backward_pass3, []
+
+    def counted(*args, **kwargs):
+        count.append(1)
+        return original(*args, **kwargs)
+
+    _ad.backward_pass3 = counted
+    try:
+        yield count
+    finally:
+        _ad.backward_pass3 = original
+
+
 def program_kind(fn: Callable, *args) -> tuple[str, bool]:
     """``("loss", has_aux)`` or ``("step", False)`` (see the module docstring). Traces ``fn`` once."""
-    with recording(stop=program_kind.__code__) as recorder:
+    with recording(stop=program_kind.__code__) as recorder, _backward_passes() as backward:
         out = jax.eval_shape(fn, *args)
-    if recorder.regions:
+    if recorder.regions or backward:
         return "step", False
     if _is_loss_value(out):
         return "loss", False

@@ -61,3 +61,13 @@ def test_format_bytes_and_problem_lines():
     assert str(p) == "policy-dropped: region #1 (x): it keeps nothing; fix: use y"
     assert str(d).splitlines() == ["remat doctor: step: 0 remat region(s), 1 problem", "note: a note", str(p)]
     assert d.kinds() == ["policy-dropped"] and not d.ok
+
+
+def test_program_kind_tells_a_loss_from_a_step_that_differentiates_inside():
+    from jaxremat.doctor import program_kind
+
+    x = jnp.ones(3)
+    assert program_kind(lambda w: jnp.sin(w).sum(), x) == ("loss", False)
+    assert program_kind(lambda w: (jnp.sin(w).sum(), {"aux": w}), x) == ("loss", True)
+    assert program_kind(lambda w: jax.grad(lambda v: jnp.sin(v).sum())(w).sum(), x) == ("step", False)  # no remat
+    assert program_kind(lambda w: w * 2, x) == ("step", False)
