@@ -3,7 +3,7 @@ with its one problem kind, the correct steps in the same forms with none; and wh
 
 Every step is diagnosed once per session (``diagnose``). XLA's compile is most of the doctor's time
 (about 1 s per program here, two programs per step), so by default only the steps in ``COMPILED``
-are compiled: every ``remat-not-surviving`` step and a correct step of two forms; the others are
+are compiled: every ``remat-not-surviving`` step and a correct one; the others are
 traced (every check but the compiled ones). With ``JAXREMAT_SLOW_TESTS=1`` every step is also
 diagnosed compiled (``test_doctor_compiled_*``).
 """
@@ -21,7 +21,7 @@ from jaxremat.doctor.__main__ import load_target
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "doctor_corpus"
 COMPILED = {("jax_scan", "correct"), ("jax_scan", "python_loop"), ("jax_scan", "whole_stack"),
-            ("renderers", "one_segment_loop"), ("nnx_scan", "correct")}
+            ("renderers", "one_segment_loop")}
 
 
 def expected(path: pathlib.Path) -> dict:
