@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import numpy as np
 
-from parity.runners.result import RunResult
+from parity.runners.result import RunResult, TrainRun
 
 if TYPE_CHECKING:  # annotations only: this module loads no framework
     from jaxremat.models import TransformerConfig
@@ -197,6 +197,12 @@ class Framework(Protocol):
         ``tokens`` is ``(B, T+1)`` integer ids (inputs ``[:, :-1]``, targets ``[:, 1:]``);
         ``cfg.compute_dtype`` selects mixed precision. Raises ValueError on bad input.
         """
+
+    def train(self, mode: str, cfg: "TransformerConfig", params: Mapping[str, np.ndarray], batches,
+              plan: "RematPlan", options: RunOptions, on_step=None) -> "TrainRun":
+        """``len(batches)`` AdamW steps of ``plan``, one batch per step: each step's loss, the trained
+        weights, each step's time, one steady-state step's memory (:class:`parity.runners.result.TrainRun`);
+        ``on_step(step, loss, step_time_s)`` after each step."""
 
     def run_user_stack(self, mode: str, stack: "UserStack", plan: "RematPlan") -> RunResult:
         """Train the user-style block stack (:mod:`parity.cases.stress_user`) under ``plan``."""

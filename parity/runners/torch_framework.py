@@ -26,9 +26,9 @@ from torchref.planner import DEFAULT_MENU, model_chain
 from torchref.render import model_loss
 
 from parity.distributed.launch import run_torch_ranks
-from parity.runners import torch_runner, torch_stress
+from parity.runners import torch_runner, torch_stress, torch_train
 from parity.runners.framework import FRAMEWORKS, RunOptions
-from parity.runners.result import RunResult, kept_and_offloaded, memory_fields, timed
+from parity.runners.result import RunResult, TrainRun, kept_and_offloaded, memory_fields, timed
 from parity.runners.torch_loss_terms import loss_term_scale
 from parity.runners.torch_memory import measure_torch
 
@@ -50,6 +50,11 @@ class TorchFramework:
                 raise ValueError(f"the PyTorch reference runs eagerly: mode must be 'eager', got {mode!r}")
             return torch_stress.run_frozen(cfg, params, tokens, plan, options.hparams)
         return torch_runner.run_plan(mode, cfg, params, tokens, plan, options)
+
+    def train(self, mode: str, cfg: TransformerConfig, params, batches, plan: RematPlan, options: RunOptions,
+              on_step=None) -> TrainRun:
+        """See :func:`parity.runners.torch_train.train_plan`."""
+        return torch_train.train_plan(mode, cfg, params, batches, plan, options, on_step)
 
     def run_user_stack(self, mode: str, stack, plan: RematPlan) -> RunResult:
         """See :func:`parity.runners.torch_stress.run_user_stack`."""
