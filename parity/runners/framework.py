@@ -222,8 +222,9 @@ class Framework(Protocol):
     def default_menu(self) -> tuple:
         """The planner's default checkpoint options in this framework."""
 
-    def no_saving_cause(self, res: RunResult, ref: RunResult) -> str:
-        """Why a plan that keeps fewer activations than ``none`` did not lower the measured peak (one line)."""
+    def no_saving_cause(self, res: RunResult, ref: RunResult, batch: int, seq: int) -> str:
+        """Why a plan that keeps fewer activations than ``none`` did not lower the measured peak (one line), at
+        batch ``batch`` and length ``seq`` (so the line can say at which shape remat would matter)."""
 
     def device_peak(self, cfg: "TransformerConfig", tokens: np.ndarray, plan: "RematPlan") -> dict:
         """The GPU pass's case: the device's own peak counters of one loss+gradient step (fresh weights),

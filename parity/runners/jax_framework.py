@@ -103,7 +103,7 @@ class JaxFramework:
         """:data:`jaxremat.planner.DEFAULT_MENU`."""
         return DEFAULT_MENU
 
-    def no_saving_cause(self, res: RunResult, ref: RunResult) -> str:
+    def no_saving_cause(self, res: RunResult, ref: RunResult, batch: int, seq: int) -> str:
         """XLA removed the recompute (no more matrix products than ``none``'s program), or it kept the
         recompute's buffers live as long as without remat."""
         dots, dots_ref = res.dots_compiled, ref.dots_compiled
