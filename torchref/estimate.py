@@ -10,7 +10,7 @@ count costs O(1) per op where MemTracker's grows with the live storages). Every 
 implementation, which computes output shapes only, so a 1.3B-parameter GPT at B=8, T=2048 is stepped
 in seconds in a few hundred MB.
 
-The step is the one the harness measures on real tensors (:func:`parity.runners.torch_runner.run_schedule`):
+The step is the one the harness measures on real tensors (:func:`parity.runners.torch_runner.run_plan`):
 AdamW's state held, gradients freed, the forward and backward pass; the optimizer's own update is left
 out, as there (at a large vocabulary its foreach temporaries of the parameters' size would be the peak).
 Run with ``fake=False, tracker="memtracker"`` it measures the same step on real tensors as the harness

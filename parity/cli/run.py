@@ -24,6 +24,8 @@ from parity.cli.budget import check_device_fits, check_fits, run_estimate
 from parity.cli.checks import out_path, unique_items
 from parity.cli.command import CommandExit, checked, claimed, fail, make_console
 from parity.cli.distributed import cmd_distributed
+from parity.cli.estimate import add_parser as add_estimate_parser
+from parity.cli.estimate import cmd_estimate
 from parity.cli.finetune import add_parser as add_finetune_parser
 from parity.cli.finetune import cmd_finetune
 from parity.cli.plan import add_parser as add_plan_parser
@@ -97,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_parser(sub)
     add_plan_parser(sub)
     add_finetune_parser(sub)
+    add_estimate_parser(sub)
     return parser
 
 
@@ -203,7 +206,7 @@ def cmd_run(args) -> int:
         return cc.finish_report(console, report, args.out, "the report's failed checks and errors")
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan, "finetune": cmd_finetune}
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan, "finetune": cmd_finetune, "estimate": cmd_estimate}
 
 
 def main(argv=None) -> int:

@@ -5,8 +5,8 @@ tables and writes every row as JSON:
 
 * ``seed002``: seed 002's four rows (``none``, ``every_k(2)``, ``sqrt``, ``full+attention_only``) at its
   shape (``gpt-1.3b``: 24 layers, d_model 2048, 16 heads, T=2048, B=8), in JAX and PyTorch, float32 and
-  bfloat16 mixed precision, materialized and fused attention (:func:`parity.runners.jax_estimate.estimate_plans`,
-  :func:`parity.runners.torch_estimate.estimate_plans`), with the wall time of each framework's call;
+  bfloat16 mixed precision, materialized and fused attention (each framework's ``estimate_plans`` verb,
+  :meth:`parity.runners.framework.Framework.estimate_plans`), with the wall time of each framework's call;
 * ``uniform``: the uniform schedules (``full``, ``every_k(k)``, ``segments(s)``, ``sqrt``) at ``gpt2-124m``,
   ``gpt2-350m`` and ``gpt-1.3b``, float32, materialized, both frameworks: total peak and recompute;
 * ``checks``: the estimate against a step that runs here, per plan, at ``gpt-small``, ``minilm-l6`` and
@@ -24,14 +24,14 @@ import json
 import time
 
 from parity.inputs.real_sizes import resolve_shape
-from parity.runners import jax_estimate, torch_estimate
+from parity.runners.framework import FRAMEWORK_NAMES, get_framework
 
 SEED_PLANS = ("every_k(2)", "sqrt", "full+attention_only")
 SEED_A100_GB = {"none": 47, "every_k(2)": 28, "sqrt": 24, "full+attention_only": 31}
 """Seed 002's A100 80GB measurements (GB of GPU memory; its rows: no checkpointing, uniform every 2 layers,
 sqrt (every 5 layers), selective attention-only)."""
 UNIFORM = ("full", "every_k(2)", "every_k(3)", "every_k(4)", "every_k(5)", "segments(2)", "sqrt")
-FRAMEWORKS = {"jax": jax_estimate, "torch": torch_estimate}
+FRAMEWORKS = FRAMEWORK_NAMES
 
 
 def _gb(n: float) -> str:
@@ -44,9 +44,9 @@ def seed002() -> list[dict]:
     for precision in ("float32", "bfloat16"):
         for attention in ("materialized", "fused"):
             shape = resolve_shape("gpt-1.3b", precision=precision, attention=attention)
-            for fw, mod in FRAMEWORKS.items():
+            for fw in FRAMEWORKS:
                 t0 = time.perf_counter()
-                rows = mod.estimate_plans(shape.config, shape.batch_size, shape.seq_len, SEED_PLANS)
+                rows = get_framework(fw).estimate_plans(shape.config, shape.batch_size, shape.seq_len, SEED_PLANS)
                 wall = time.perf_counter() - t0
                 for r in rows:
                     out.append({**r, "precision": precision, "attention": attention, "call_wall_s": wall})
@@ -72,8 +72,8 @@ def uniform() -> list[dict]:
     out = []
     for preset in ("gpt2-124m", "gpt2-350m", "gpt-1.3b"):
         shape = resolve_shape(preset)
-        for fw, mod in FRAMEWORKS.items():
-            for r in mod.estimate_plans(shape.config, shape.batch_size, shape.seq_len, UNIFORM):
+        for fw in FRAMEWORKS:
+            for r in get_framework(fw).estimate_plans(shape.config, shape.batch_size, shape.seq_len, UNIFORM):
                 out.append({**r, "model": preset})
     return out
 
@@ -103,12 +103,10 @@ def checks() -> list[dict]:
     for name, kw in CHECK_SHAPES.items():
         shape = resolve_shape(**kw)
         args = (shape.config, shape.batch_size, shape.seq_len, CHECK_PLANS)
-        for r in jax_estimate.check_plans(*args):
-            out.append({"shape": name, "framework": "jax", "plan": r["plan"], "estimate": r["abstract"]["peak_bytes"],
-                        "real": r["concrete"]["peak_bytes"], "equal": r["equal"]})
-        for r in torch_estimate.check_plans(*args):
-            out.append({"shape": name, "framework": "torch", "plan": r["plan"], "estimate": r["fake"]["Total"],
-                        "real": r["real"]["Total"], "equal": r["difference_bytes"] == 0})
+        for fw in FRAMEWORKS:
+            for r in get_framework(fw).check_estimates(*args):
+                out.append({"shape": name, "framework": fw, "plan": r["plan"], "estimate": r["estimated_peak_bytes"],
+                            "real": r["measured_peak_bytes"], "equal": r["difference_bytes"] == 0})
     return out
 
 

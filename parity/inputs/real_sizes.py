@@ -65,6 +65,14 @@ REAL_SIZE_PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
 """Presets at real sizes, for estimates only (they do not execute on this CPU)."""
 
 
+def _count(n: int) -> str:
+    """``1.32B``, ``124.4M``, ``27.3K``, ``512``."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'B' else 1}f}{unit}"
+    return str(n)
+
+
 def estimate_presets() -> dict[str, ModelPreset]:
     """Every preset an estimate accepts: the real sizes, then the run presets (``gpt-small``, ``minilm-l6``, ...)."""
     return {**REAL_SIZE_PRESETS, **PRESETS}
@@ -97,7 +105,7 @@ class EstimateShape:
         """``"gpt-1.3b: 24L D2048 H16 F8192 V50257 T2048 B8 float32 materialized, 1.32B parameters"``."""
         c = self.config
         return (f"{self.name}: {c.n_layer}L D{c.d_model} H{c.n_head} F{c.d_ff} V{c.vocab_size} T{self.seq_len} "
-                f"B{self.batch_size} {self.precision} {c.attention}, {self.parameter_count / 1e9:.2f}B parameters")
+                f"B{self.batch_size} {self.precision} {c.attention}, {_count(self.parameter_count)} parameters")
 
 
 def _read_hf(path: str | Path) -> TransformerConfig:

@@ -27,6 +27,8 @@ from typing import Callable
 from jaxremat.spec.plan import RematPlan, parse_plan
 from jaxremat.spec.planner import Budget, NoPlanFits, chain_costs, min_peak_plan, parse_budget, plan_chain
 
+from parity.report.format import fmt_bytes as format_bytes
+
 __all__ = ["BudgetNotMet", "FLOOR_FRACTION", "MAX_ATTEMPTS", "ROW_KEYS", "add_ratios", "as_budget", "budget_row",
            "chain_policies", "check_reachable", "fmt_bytes", "plan_within_budget", "recompute_flops", "state_bytes"]
 
@@ -105,12 +107,8 @@ def add_ratios(rows: list[dict]) -> list[dict]:
 
 
 def fmt_bytes(n: float) -> str:
-    """``n`` bytes for a message, in binary units: ``512 B``, ``3.20 MiB``, ``24.00 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n} B"
+    """``n`` bytes for a message, two decimals: ``512 B``, ``3.20 MiB``, ``24.00 GiB``."""
+    return format_bytes(n, digits=2)
 
 
 FLOOR_FRACTION = 0.5
