@@ -34,6 +34,7 @@ from parity.cli.sweep import add_parser as add_sweep_parser
 from parity.cli.sweep import cmd_sweep
 from parity.cli.util import OneLineParser, ascii_int, split_list
 from parity.inputs.checkpoints import check_weights_file
+from parity.inputs.model_preset import with_shape
 from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.pretrained import checkpoint_preset
 from parity.report.environment import environment_info
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run on a local Hugging Face checkpoint directory instead of a --model preset (config.json, "
                      "model.safetensors, tokenizer.json; BERT: contrastive fine-tuning on the bundled sentence "
                      "pairs; GPT-2: next-token training on the bundled corpus)")
+    run.add_argument("--batch-size", type=ascii_int, default=None,
+                     help="B, sequences per step (default: the model's; sentences for a sentence-pair model)")
+    run.add_argument("--seq-len", type=ascii_int, default=None,
+                     help="T, tokens per sequence (default: the model's); the run is refused when it would not fit "
+                     "in memory here (python -m parity estimate answers for any size)")
     run.add_argument("--dtype", default="float32",
                      help=f"comma-separated dtypes among {', '.join(SUPPORTED_DTYPES)} (default: float32)")
     run.add_argument("--frameworks", default=",".join(FRAMEWORK_NAMES),
@@ -139,6 +145,7 @@ def _preset(args, dtypes):
         preset = checkpoint_preset(args.checkpoint)
     else:
         preset = get_preset(args.model or DEFAULT_MODEL)
+    preset = with_shape(preset, args.batch_size, args.seq_len)
     file_bytes = 0
     if preset.checkpoint is not None:
         path = preset.checkpoint()  # a missing checkpoint is bad input (exit 2 with the install command)
