@@ -27,10 +27,10 @@ def test_with_shape_refuses_sizes_below_one(kwargs, message):
 
 def test_run_takes_the_shape_and_reports_it(tmp_path):
     out = tmp_path / "r"
-    assert main(["run", "--model", "gpt-small", "--seq-len", "16", "--batch-size", "2", "--schedules", "full",
+    assert main(["run", "--model", "gpt-small", "--seq-len", "96", "--batch-size", "3", "--schedules", "full",
                  "--frameworks", "torch", "--repeats", "1", "--no-progress", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert (report["batch_size"], report["seq_len"]) == (2, 16)
+    assert (report["batch_size"], report["seq_len"]) == (3, 96)
 
 
 @pytest.mark.parametrize("argv, message", [
