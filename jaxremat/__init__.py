@@ -6,8 +6,10 @@ The library, importable from here: schedules and plans (:func:`parse_plan`, :fun
 :func:`remat_stack`, :class:`RematStack`, :func:`linen_remat_stack` for Flax NNX and Linen blocks;
 :func:`to_jax_policy`), the plan lint (:func:`check_plan`), the compiled-saving check
 (:func:`survival_check`), the remat doctor for any loss or train step (:func:`doctor`,
-:class:`Diagnosis`; ``python -m jaxremat.doctor``) and the memory measurements (:func:`saved_residuals`,
-:func:`compiled_memory`, :func:`compiled_stats`, ...). ``__all__`` lists every public name;
+:class:`Diagnosis`; ``python -m jaxremat.doctor``), the memory measurements (:func:`saved_residuals`,
+:func:`compiled_memory`, :func:`compiled_stats`, ...) and the estimate without allocating
+(``jaxremat.estimate(fn, *abstract_args, plans=...)``: the module :mod:`jaxremat.estimate`, callable
+as its function :func:`jaxremat.estimate.estimate`). ``__all__`` lists every public name;
 ``jaxremat.render``, ``jaxremat.flax``, ``jaxremat.memory`` and the other submodules are reached
 as attributes too.
 
@@ -49,9 +51,10 @@ _NAMES = {
     **dict.fromkeys(("doctor", "Diagnosis"), ".doctor"),
     **dict.fromkeys(("ResidualRecord", "saved_residuals", "saved_activation_bytes", "compiled_memory",
                      "compiled_stats", "device_peak_bytes", "gpu_available"), ".memory"),
+    "PlanEstimate": ".estimate",
 }
 
-__all__ = sorted(_NAMES)
+__all__ = sorted([*_NAMES, "estimate"])  # estimate: the submodule, callable as its function (jaxremat.estimate)
 
 
 def _submodules() -> set[str]:

@@ -35,9 +35,11 @@ from jaxremat.spec.planner import parse_budget
 from parity.cases.suite import SuiteConfig, run_suite
 from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
+from parity.cli.budget import check_fits, run_estimate
 from parity.cli.checks import out_path, unique_items
 from parity.cli.command import checked, claimed, make_console
 from parity.cli.util import ascii_int
+from parity.inputs.model_preset import with_shape
 from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.report.environment import environment_info
@@ -72,6 +74,8 @@ def add_parser(sub) -> None:
                    "aot_eager_decomp_partition (the same partitioner, seconds)")
     p.add_argument("--model", default="gpt-small",
                    help="model preset: " + ", ".join(PRESETS) + " (budget plans run dropout 0; --frontier: a GPT one)")
+    p.add_argument("--batch-size", type=ascii_int, default=None, help="B, sequences per step (default: the model's)")
+    p.add_argument("--seq-len", type=ascii_int, default=None, help="T, tokens per sequence (default: the model's)")
     p.add_argument("--frameworks", default=",".join(FRAMEWORK_NAMES),
                    help=f"comma-separated subset of {','.join(FRAMEWORK_NAMES)} (default: all)")
     p.add_argument("--repeats", type=ascii_int, default=None,
@@ -95,7 +99,7 @@ def plan_suite_from_args(args):
     if args.frontier and any(parse_budget(b).fraction is None for b in budgets):
         raise ValueError("--frontier compares with torch.compile's activation_memory_budget, a fraction: give its "
                          "budgets as percentages (--budget 20%,50%)")
-    preset = get_preset(args.model)
+    preset = with_shape(get_preset(args.model), args.batch_size, args.seq_len)
     spec = get_model(preset.config.arch)
     if spec.jax_planner_chain is None or spec.torch_planner_chain is None:
         raise ValueError(f"--model {args.model}: model family {spec.name!r} has no planner chain "
@@ -109,6 +113,8 @@ def plan_suite_from_args(args):
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     plans = tuple(f"{kind}({b})" for b in budgets for kind in KINDS)
+    check_fits(*run_estimate(preset.config, preset.batch_size, preset.seq_len, frameworks, ("float32",),
+                             kept_cases=len(frameworks) * (len(plans) + 1)), "this plan run")
     suite = SuiteConfig(name="plan", preset=preset, plans=plans, frameworks=frameworks,
                         timing_repeats=args.repeats or preset.repeats or 5,
                         modes=tuple((f, FRAMEWORKS[f].measured_mode) for f in frameworks),

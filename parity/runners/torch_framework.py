@@ -26,7 +26,7 @@ from torchref.planner import DEFAULT_MENU, model_chain
 from torchref.render import model_loss
 
 from parity.distributed.launch import run_torch_ranks
-from parity.runners import torch_runner, torch_stress, torch_train
+from parity.runners import torch_estimate, torch_runner, torch_stress, torch_train
 from parity.runners.framework import FRAMEWORKS, RunOptions
 from parity.runners.result import RunResult, TrainRun, kept_and_offloaded, memory_fields, timed
 from parity.runners.torch_loss_terms import loss_term_scale
@@ -176,6 +176,21 @@ class TorchFramework:
             torch.set_num_threads(int(threads))
         return {"aten_capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads(),
                 "mkl_cbwr": os.environ.get("MKL_CBWR")}
+
+    def estimate_plans(self, cfg: TransformerConfig, batch: int, seq: int, plans, *, budget=None) -> list[dict]:
+        """The step under fake tensors, its live storages counted (:func:`parity.runners.torch_estimate.estimate_plans`)."""
+        return torch_estimate.estimate_plans(cfg, batch, seq, plans, budget=budget)
+
+    def check_estimates(self, cfg: TransformerConfig, batch: int, seq: int, plans) -> list[dict]:
+        """The fake-tensor peak against the real step's MemTracker peak, within
+        :data:`parity.runners.torch_estimate.CHECK_MARGIN_BYTES` (:func:`parity.runners.torch_estimate.check_plans`)."""
+        margin = torch_estimate.CHECK_MARGIN_BYTES
+        return [{"framework": "torch", "plan": r["plan"], "estimated_peak_bytes": r["fake"]["Total"],
+                 "measured_peak_bytes": r["real"]["Total"], "difference_bytes": r["difference_bytes"],
+                 "relative": r["relative"], "margin_bytes": margin, "within_margin": abs(r["difference_bytes"]) <= margin,
+                 "what": "peak of the step under fake tensors against the real step's MemTracker peak",
+                 "detail": {"fake": r["fake"], "real": r["real"]}}
+                for r in torch_estimate.check_plans(cfg, batch, seq, plans)]
 
     def compiler_budget_points(self, cfg, params, tokens, fractions, *, backend: str, repeats: int) -> list[dict]:
         """``torch.compile`` with ``torch._functorch.config.activation_memory_budget`` at each fraction
