@@ -105,4 +105,4 @@ def cmd_distributed(args, console) -> int:
         report["wall_time_s"] = time.perf_counter() - t0
         report["complete"] = True
         report["environment"] = environment_info(frameworks)
-        return cc.finish_report(console, report, args.out, "the report's mesh tables")
+        return cc.finish_report(console, report, args.out, "the report's mesh tables", wide=args.wide)

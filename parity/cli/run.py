@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="timed training steps per case, median reported (default: the model's, else 5)")
     run.add_argument("--seed", type=ascii_int, default=0, help="seed of the weights and token windows (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    run.add_argument("--wide", action="store_true", help="print every column of the case table (report.md has them all)")
 
     add_sweep_parser(sub)
     add_plan_parser(sub)
@@ -210,7 +211,7 @@ def cmd_run(args) -> int:
                                   if written["cases"] else "interrupted before any case finished: no report was written")
         report["complete"] = True
         report["environment"] = env
-        return cc.finish_report(console, report, args.out, "the report's failed checks and errors")
+        return cc.finish_report(console, report, args.out, "the report's failed checks and errors", wide=args.wide)
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan, "finetune": cmd_finetune, "estimate": cmd_estimate}
