@@ -38,9 +38,26 @@ def test_readme_survival_check_example_prints_true_true_none():
     assert out.stdout.split() == ["True", "True", "None"], out.stdout + out.stderr
 
 
-def test_readme_budget_example_is_the_example_file_and_prints_its_plan_and_true_true_true():
+def _printed_after(code: str) -> str:
+    """The ``prints`` block that follows ``code`` in README.md."""
+    return (ROOT / "README.md").read_text().split(code, 1)[1].split("```\n", 3)[2]
+
+
+def test_readme_budget_example_fits_the_stack_in_one_call_as_printed():
     code = readme_block("Fit a memory budget")
-    assert code == (ROOT / "examples" / "plan_flax_budget.py").read_text()
+    assert code == (ROOT / "examples" / "plan_flax_budget.py").read_text() and len(code.splitlines()) <= 10
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[0].startswith("plan(") and words[1:] == ["True", "True"], out.stdout + out.stderr
+    if jax.default_backend() == "cpu":  # the README prints XLA:CPU's plan
+        assert _printed_after(code) == out.stdout, "README's printed output is stale"
+
+
+def test_expert_budget_example_in_docs_prints_its_plan_and_true_true_true():
+    code = (ROOT / "examples" / "plan_flax_budget_expert.py").read_text()
+    assert code in (ROOT / "docs" / "planner.md").read_text()
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr
