@@ -49,11 +49,12 @@ def _predicted_ratio(framework: str, cfg, batch: int, seq: int, plan) -> float |
     return pred / ref if ref else None
 
 
-def _cause(framework: str, res: RunResult, ref: RunResult, predicted_ratio: float | None, n_layer: int) -> str:
+def _cause(framework: str, res: RunResult, ref: RunResult, predicted_ratio: float | None, n_layer: int,
+           batch: int, seq: int) -> str:
     if predicted_ratio is not None and predicted_ratio >= 1.0:
         return (f"the schedule predicts no saving at N={n_layer}: its largest recomputed segment is as large as "
                 f"the stack (chain-model peak {predicted_ratio:.2f} x none's); use more, shorter segments")
-    return get_framework(framework).no_saving_cause(res, ref)
+    return get_framework(framework).no_saving_cause(res, ref, batch, seq)
 
 
 def attach_saving(case: dict, framework: str, cfg, batch: int, seq: int, plan, res: RunResult, ref: RunResult) -> None:
@@ -81,7 +82,7 @@ def attach_saving(case: dict, framework: str, cfg, batch: int, seq: int, plan, r
     realized = None if not promised or ratio is None else ratio < 1.0
     cause = None
     if realized is False:
-        cause = _cause(framework, res, ref, predicted, cfg.n_layer)
+        cause = _cause(framework, res, ref, predicted, cfg.n_layer, batch, seq)
         if case.get("status") == "pass":
             case["status"] = STATUS
     case["saving"] = {"promised": promised, "saved_ratio": saved / saved_ref if saved_ref else None,

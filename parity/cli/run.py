@@ -24,6 +24,8 @@ from parity.cli.budget import check_device_fits, check_fits, run_estimate
 from parity.cli.checks import out_path, unique_items
 from parity.cli.command import CommandExit, checked, claimed, fail, make_console
 from parity.cli.distributed import cmd_distributed
+from parity.cli.finetune import add_parser as add_finetune_parser
+from parity.cli.finetune import cmd_finetune
 from parity.cli.plan import add_parser as add_plan_parser
 from parity.cli.plan import cmd_plan
 from parity.cli.sweep import add_parser as add_sweep_parser
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sweep_parser(sub)
     add_plan_parser(sub)
+    add_finetune_parser(sub)
     return parser
 
 
@@ -200,7 +203,7 @@ def cmd_run(args) -> int:
         return cc.finish_report(console, report, args.out, "the report's failed checks and errors")
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan}
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan, "finetune": cmd_finetune}
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ family's loss (:func:`parity.runners.jax_runner.objective`) under ``jax.value_an
 shared optax AdamW update, each jitted with ``in_shardings``/``out_shardings`` from
 :mod:`jaxremat.sharding` -- the gradients come out sharded like the parameters, the AdamW moments
 live sharded like them. The two programs stay apart as in the single-device runner (see
-:meth:`parity.runners.jax_runner._Programs.train_step` for why).
+:meth:`parity.runners.jax_runner.Programs.train_step` for why).
 
 Memory per device (:func:`device_memory`): parameter, gradient and optimizer-state bytes are the
 shard sizes resident on device 0 (:func:`jaxremat.sharding.shard_bytes`); activations are the

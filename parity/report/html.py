@@ -45,16 +45,18 @@ from parity.report.html_model import DEFAULT_BATCHES, DEFAULT_MAX_DEPTH, DEFAULT
 from parity.runners.framework import FRAMEWORK_NAMES
 
 HTML_NAME = "report.html"
-SOURCES = ("report.json", "sweep.json", "plan.json")
-MIN_SCHEMA = {"run": 6, "sweep": 4, "plan": 2}
+SOURCES = ("report.json", "sweep.json", "plan.json", "finetune.json")
+MIN_SCHEMA = {"run": 6, "sweep": 4, "plan": 2, "finetune": 1}
 """The oldest schema of each report the page reads: the ones whose cases start with the same fields
 (:data:`parity.cases.record.BASE_FIELDS`)."""
 
 
 def report_kind(report: dict) -> str:
-    """``"plan"``, ``"sweep"`` or ``"run"``: which command wrote ``report``."""
+    """``"plan"``, ``"sweep"``, ``"finetune"`` or ``"run"``: which command wrote ``report``."""
     if "plan_rows" in report:
         return "plan"
+    if report.get("command") == "finetune":
+        return "finetune"
     return "sweep" if "slopes" in report or "depths" in report else "run"
 
 
@@ -142,6 +144,8 @@ def page_data(report: dict) -> dict:
                                  x["tolerance"], bool(x["ok"])] for x in report.get("cross_framework") or []],
             "plan_rows": _plan_points(report), "compiled": _compiled_points(report),
             "line_dash": {fw: "solid" if i == 0 else "dash" for i, fw in enumerate(FRAMEWORK_NAMES)},
+            "loss_curves": [{"framework": c["framework"], "plan": c["plan"], "dropout": c["dropout"],
+                             "losses": c["losses"]} for c in report.get("cases") or [] if c.get("losses")],
             "defaults": {"batch": report.get("batch_size"), "seq": report.get("seq_len"),
                          "n_layer": (report.get("config") or {}).get("n_layer")}}
     if _modelled(cfg):
@@ -177,7 +181,8 @@ def _compiled_points(report: dict) -> list[dict]:
 
 
 def _title(report: dict, kind: str) -> str:
-    what = {"run": "Parity report", "sweep": "Depth sweep", "plan": "Memory-budget plans"}[kind]
+    what = {"run": "Parity report", "sweep": "Depth sweep", "plan": "Memory-budget plans",
+            "finetune": "Fine-tuning under every plan"}[kind]
     return f"{what}: {report.get('model') or 'gpt'}" + (f" ({report['suite']} suite)" if report.get("suite") else "")
 
 

@@ -6,6 +6,7 @@
 * :func:`plot_frontier` -- step-time overhead against peak activation memory saved, one point per
   plan (schedule and policy) and framework, the Pareto frontier drawn per framework.
 * :func:`plot_block_bytes` -- one block's saved bytes by activation name, JAX and PyTorch side by side.
+* :func:`plot_loss_curves` -- the fine-tuning run's loss per step, per plan and framework.
 
 Each file is written atomically (a temporary PNG next to it, then ``os.replace``).
 """
@@ -184,4 +185,28 @@ def plot_budget_frontier(report: dict, path: Path) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"remat plans for a memory budget: {report.get('model')}")
+    return _save(fig, path)
+
+
+def plot_loss_curves(report: dict, path: Path) -> Path:
+    """The fine-tuning run's loss at every step, one line per plan and framework (and dropout rate); returns ``path``.
+
+    Plans that are bitwise equal to ``none`` draw on top of it: the figure shows one line per framework
+    and rate when remat changed nothing, as it must.
+    """
+    fig, ax = plt.subplots(figsize=(9, 5))
+    plans = list(dict.fromkeys(c["plan"] for c in report["cases"]))
+    colors = {p: f"C{i}" for i, p in enumerate(plans)}
+    for c in report["cases"]:
+        if not c.get("losses"):
+            continue
+        steps = list(range(1, len(c["losses"]) + 1))
+        dashed = "--" if c["dropout"] == 0 else _STYLE.get(c["framework"], "-")
+        ax.plot(steps, c["losses"], dashed, marker=_MARK.get(c["framework"], "o"), markersize=3, color=colors[c["plan"]],
+                label=f"{c['framework']} {c['plan']} dropout {c['dropout']:g}", alpha=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"fine-tuning {report['model']}: loss per step (remat plans overlap none bit for bit)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)

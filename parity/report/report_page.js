@@ -256,6 +256,13 @@ function buildStatic() {
     Plotly.newPlot(div4, tr, {xaxis: {title: {text: "peak activation (MiB), measured"}},
       yaxis: {title: {text: "recompute (GFLOP per step)"}}}, PLOT_CONFIG);
   }
+  if (D.loss_curves && D.loss_curves.length) {
+    const div5 = section("Fine-tuning: loss per step, per plan and framework",
+      "Every plan's curve lies on none's when remat changed no bit (the case table says whether it did).");
+    Plotly.newPlot(div5, D.loss_curves.map(c => ({x: c.losses.map((_, i) => i + 1), y: c.losses, mode: "lines+markers",
+      name: `${c.framework} ${c.plan} dropout ${c.dropout}`, line: {dash: c.dropout === 0 ? "dot" : (D.line_dash[c.framework] || "dash")}})),
+      {xaxis: {title: {text: "step"}}, yaxis: {title: {text: "loss"}}, legend: {font: {size: 10}}}, PLOT_CONFIG);
+  }
   if (D.cross_framework.length) {
     const host = document.getElementById("static");
     host.append(el("h3", {}, "JAX vs PyTorch (same weights and tokens), measured"));

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import numpy as np
 
-from parity.runners.result import RunResult
+from parity.runners.result import RunResult, TrainRun
 
 if TYPE_CHECKING:  # annotations only: this module loads no framework
     from jaxremat.models import TransformerConfig
@@ -198,6 +198,12 @@ class Framework(Protocol):
         ``cfg.compute_dtype`` selects mixed precision. Raises ValueError on bad input.
         """
 
+    def train(self, mode: str, cfg: "TransformerConfig", params: Mapping[str, np.ndarray], batches,
+              plan: "RematPlan", options: RunOptions, on_step=None) -> "TrainRun":
+        """``len(batches)`` AdamW steps of ``plan``, one batch per step: each step's loss, the trained
+        weights, each step's time, one steady-state step's memory (:class:`parity.runners.result.TrainRun`);
+        ``on_step(step, loss, step_time_s)`` after each step."""
+
     def run_user_stack(self, mode: str, stack: "UserStack", plan: "RematPlan") -> RunResult:
         """Train the user-style block stack (:mod:`parity.cases.stress_user`) under ``plan``."""
 
@@ -216,8 +222,9 @@ class Framework(Protocol):
     def default_menu(self) -> tuple:
         """The planner's default checkpoint options in this framework."""
 
-    def no_saving_cause(self, res: RunResult, ref: RunResult) -> str:
-        """Why a plan that keeps fewer activations than ``none`` did not lower the measured peak (one line)."""
+    def no_saving_cause(self, res: RunResult, ref: RunResult, batch: int, seq: int) -> str:
+        """Why a plan that keeps fewer activations than ``none`` did not lower the measured peak (one line), at
+        batch ``batch`` and length ``seq`` (so the line can say at which shape remat would matter)."""
 
     def device_peak(self, cfg: "TransformerConfig", tokens: np.ndarray, plan: "RematPlan") -> dict:
         """The GPU pass's case: the device's own peak counters of one loss+gradient step (fresh weights),

@@ -28,10 +28,10 @@ from jaxremat.survival import count_dots
 
 from parity.distributed.launch import run_jax_worker
 from parity.inputs.train import AdamWConfig
-from parity.runners import jax_runner, jax_stress
+from parity.runners import jax_runner, jax_stress, jax_train
 from parity.runners.framework import FRAMEWORKS, RunOptions
 from parity.runners.jax_memory import measure_jax
-from parity.runners.result import RunResult, kept_and_offloaded, memory_fields, timed
+from parity.runners.result import RunResult, TrainRun, kept_and_offloaded, memory_fields, timed
 
 
 class JaxFramework:
@@ -46,6 +46,11 @@ class JaxFramework:
         if options.frozen:
             return jax_stress.run_frozen(mode, cfg, params, tokens, plan, options.hparams)
         return jax_runner.run_plan(mode, cfg, params, tokens, plan, options)
+
+    def train(self, mode: str, cfg: TransformerConfig, params, batches, plan: RematPlan, options: RunOptions,
+              on_step=None) -> TrainRun:
+        """See :func:`parity.runners.jax_train.train_plan`."""
+        return jax_train.train_plan(mode, cfg, params, batches, plan, options, on_step)
 
     def run_user_stack(self, mode: str, stack, plan: RematPlan) -> RunResult:
         """See :func:`parity.runners.jax_stress.run_user_stack`."""
@@ -98,7 +103,7 @@ class JaxFramework:
         """:data:`jaxremat.planner.DEFAULT_MENU`."""
         return DEFAULT_MENU
 
-    def no_saving_cause(self, res: RunResult, ref: RunResult) -> str:
+    def no_saving_cause(self, res: RunResult, ref: RunResult, batch: int, seq: int) -> str:
         """XLA removed the recompute (no more matrix products than ``none``'s program), or it kept the
         recompute's buffers live as long as without remat."""
         dots, dots_ref = res.dots_compiled, ref.dots_compiled

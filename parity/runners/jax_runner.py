@@ -3,7 +3,7 @@
 :func:`run_plan` is what :meth:`parity.runners.jax_framework.JaxFramework.run_plan` runs, in two modes:
 
 * ``"jit"`` -- loss+gradients, the AdamW update and the reverse loop each run as one ``jax.jit``
-  program (a training step is the first two in turn; see :meth:`_Programs.train_step`). Jitted functions are cached per ``(cfg, plan, hparams)`` (:func:`_programs`) and
+  program (a training step is the first two in turn; see :meth:`Programs.train_step`). Jitted functions are cached per ``(cfg, plan, hparams)`` (:func:`programs`) and
   ``jax.jit`` caches their executables per input shapes, so repeated calls do not recompile.
 * ``"eager"`` -- the same Python functions op by op under ``jax.disable_jit()`` (``lax.scan``
   then runs as a Python loop, every primitive dispatched on its own).
@@ -59,7 +59,7 @@ def _reverse_loop_fn(cfg: TransformerConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Programs:
+class Programs:
     """The functions of one (cfg, plan, hparams): plain (for eager mode) and jitted."""
 
     value_and_grad: Any
@@ -111,7 +111,7 @@ def optimizer(hparams: AdamWConfig) -> optax.GradientTransformation:
 
 
 @functools.lru_cache(maxsize=64)
-def _programs(cfg: TransformerConfig, plan: RematPlan, hparams: AdamWConfig) -> _Programs:
+def programs(cfg: TransformerConfig, plan: RematPlan, hparams: AdamWConfig) -> Programs:
     """Build (once per key) the loss+grad and reverse-loop functions; the AdamW update is :func:`adamw`'s."""
     loss = objective(cfg)
     init_opt, apply_adamw, apply_adamw_jit = adamw(hparams)
@@ -122,7 +122,7 @@ def _programs(cfg: TransformerConfig, plan: RematPlan, hparams: AdamWConfig) -> 
     def reverse_loop(params, tokens, key):
         return _reverse_loop_fn(cfg)(params, tokens, cfg, plan.schedule, key)
 
-    return _Programs(value_and_grad, apply_adamw, reverse_loop, init_opt,
+    return Programs(value_and_grad, apply_adamw, reverse_loop, init_opt,
                      jax.jit(value_and_grad), apply_adamw_jit, jax.jit(reverse_loop))
 
 
@@ -134,7 +134,7 @@ def compiled_value_and_grad(cfg: TransformerConfig, plan: RematPlan, hparams: Ad
     The same executable runs the jit-mode gradients and training steps and gives the compiled
     memory analysis, so each plan's program is compiled once (compiling costs seconds here).
     """
-    progs = _programs(cfg, plan, hparams)
+    progs = programs(cfg, plan, hparams)
     params = {k: jax.ShapeDtypeStruct(v, jnp.dtype(cfg.dtype)) for k, v in param_shapes(cfg).items()}
     tokens = jax.ShapeDtypeStruct(tokens_shape, jnp.int32)
     key = jax.random.key(0) if has_key else None
@@ -207,7 +207,7 @@ def float64_context(cfg: TransformerConfig):
 
 def _run(mode, cfg, params_np, tokens_np, plan, options: RunOptions) -> RunResult:
     hparams = options.hparams
-    progs = _programs(cfg, plan, hparams)
+    progs = programs(cfg, plan, hparams)
     params = {k: jnp.asarray(v) for k, v in params_np.items()}
     _check_dtypes(cfg, "params", params)
     tokens = jnp.asarray(tokens_np, dtype=jnp.int32)

@@ -103,6 +103,26 @@ class RunResult:
     frozen_grads_none: bool | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainRun:
+    """A training run of one plan over a sequence of batches (:meth:`parity.runners.framework.Framework.train`).
+
+    Attributes:
+        losses: ``(steps,)`` array in the model's dtype: each step's loss, before its update.
+        trained: canonical dict of the weights after the last step.
+        step_times_s: seconds of each step (loss, gradients and the optimizer update), in order; the
+            first includes compiling the update (JAX under ``jit``).
+        memory: the :class:`Memory` of one steady-state step (optimizer state held), None when not measured.
+        mode: the mode it ran in.
+    """
+
+    losses: np.ndarray
+    trained: Mapping[str, np.ndarray]
+    step_times_s: tuple[float, ...]
+    memory: Memory | None
+    mode: str
+
+
 def kept_and_offloaded(tensors: list[dict]) -> dict:
     """``{"kept", "offloaded", "tensors"}`` of one block's kept tensors (``{"name", "shape", "bytes",
     "memory"}`` each, ``memory`` ``"device"`` or ``"host"``): the sorted names kept on the device and

@@ -26,9 +26,9 @@ from torchref.planner import DEFAULT_MENU, model_chain
 from torchref.render import model_loss
 
 from parity.distributed.launch import run_torch_ranks
-from parity.runners import torch_runner, torch_stress
+from parity.runners import torch_runner, torch_stress, torch_train
 from parity.runners.framework import FRAMEWORKS, RunOptions
-from parity.runners.result import RunResult, kept_and_offloaded, memory_fields, timed
+from parity.runners.result import RunResult, TrainRun, kept_and_offloaded, memory_fields, timed
 from parity.runners.torch_loss_terms import loss_term_scale
 from parity.runners.torch_memory import measure_torch
 
@@ -50,6 +50,11 @@ class TorchFramework:
                 raise ValueError(f"the PyTorch reference runs eagerly: mode must be 'eager', got {mode!r}")
             return torch_stress.run_frozen(cfg, params, tokens, plan, options.hparams)
         return torch_runner.run_plan(mode, cfg, params, tokens, plan, options)
+
+    def train(self, mode: str, cfg: TransformerConfig, params, batches, plan: RematPlan, options: RunOptions,
+              on_step=None) -> TrainRun:
+        """See :func:`parity.runners.torch_train.train_plan`."""
+        return torch_train.train_plan(mode, cfg, params, batches, plan, options, on_step)
 
     def run_user_stack(self, mode: str, stack, plan: RematPlan) -> RunResult:
         """See :func:`parity.runners.torch_stress.run_user_stack`."""
@@ -97,19 +102,29 @@ class TorchFramework:
         """:data:`torchref.planner.DEFAULT_MENU`."""
         return DEFAULT_MENU
 
-    def no_saving_cause(self, res: RunResult, ref: RunResult) -> str:
+    def no_saving_cause(self, res: RunResult, ref: RunResult, batch: int, seq: int) -> str:
         """The step's peak lies where no saved activation is live (MemTracker's ``ACT`` category below
         :data:`NO_LIVE_ACTIVATION` of ``none``'s saved bytes in both steps), or the allocator kept the
-        activations some other way."""
+        activations some other way.
+
+        In the first case the line also says what share of the step's peak ``none``'s saved activations
+        are, and from about which batch or length they would exceed the temporary that sets the peak
+        (saved activations grow about in proportion to B and to T: a lower bound on the shape at which
+        remat matters; attention's T x T scores make it come sooner in T)."""
         lines = [(r.memory.peak_breakdown or {}) if r.memory is not None else {} for r in (res, ref)]
         saved_ref = ref.memory.saved_bytes if ref.memory is not None else None
         if saved_ref and all("ACT" in b for b in lines) and \
                 max(int(b["ACT"]) for b in lines) < NO_LIVE_ACTIVATION * saved_ref:
             b = lines[0]
+            temp, peak = int(b.get("TEMP", 0)), (ref.memory.peak_bytes if ref.memory is not None else 0)
+            scale = max(1.0, temp / saved_ref)
+            share = f"{100 * saved_ref / peak:.0f}% of the step's peak" if peak else "a part of the step's peak"
             return (f"the step's peak lies after the blocks' backward, where no saved activation is live (MemTracker "
-                    f"at the peak: ACT {int(b['ACT'])} B, TEMP {int(b.get('TEMP', 0)) / 2**20:.1f} MiB, e.g. a dense "
-                    f"embedding gradient; none's {saved_ref / 2**20:.1f} MiB of saved activations are freed by then, in its step "
-                    f"as in this one): remat cannot lower this step's peak at this batch and length")
+                    f"at the peak: ACT {int(b['ACT'])} B, TEMP {temp / 2**20:.1f} MiB, e.g. a dense "
+                    f"embedding gradient; none's {saved_ref / 2**20:.1f} MiB of saved activations, {share}, are freed "
+                    f"by then, in its step as in this one): remat cannot lower this step's peak at B={batch}, T={seq}; "
+                    f"the activations would exceed that temporary from about {scale:.1f}x this batch or length "
+                    f"(B={int(batch * scale + 0.999)} or T={int(seq * scale + 0.999)})")
         return ("the recompute is in the program, but the allocator's peak did not drop (activations kept by "
                 "something else)")
 

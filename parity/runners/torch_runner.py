@@ -54,6 +54,30 @@ def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torc
     opt.step()
 
 
+def step_memory(cfg: TransformerConfig, params: dict[str, np.ndarray], model: torch.nn.Module,
+                opt: torch.optim.Optimizer, tokens: torch.Tensor, plan: RematPlan, seed: int):
+    """The memory of one step of ``model`` (:func:`parity.runners.torch_memory.measure_torch`), then the step.
+
+    Saved bytes are those of one forward pass of a fresh model built from ``params``; the peak is that of
+    one forward and backward pass of ``model`` with ``opt``'s AdamW state already allocated, as JAX measures
+    ``value_and_grad``: AdamW's own step allocates foreach temporaries of the parameters' size, which at a
+    large vocabulary (MiniLM: 90 MB of parameters) could be the peak and leave no activation in it, so the
+    optimizer step runs right after, outside the measurement.
+    """
+    Model, model_loss, _ = model_and_loss(cfg)
+    saved_model = Model.from_params(cfg, params)
+
+    def forward(sac, on_checkpoint_input):
+        torch.manual_seed(seed)
+        return model_loss(saved_model, tokens, plan.schedule, policy=sac, on_checkpoint_input=on_checkpoint_input)
+
+    memory = measure_torch(forward, lambda: _grad_step(model, opt, tokens, plan, seed),
+                           exclude=[*saved_model.parameters(), *saved_model.buffers()], tracked=(model, opt),
+                           policy=plan.policy)
+    opt.step()
+    return memory
+
+
 def token_tensor(tokens: np.ndarray) -> torch.Tensor:
     """``(B, T+1)`` integer ids as a fresh, writable int64 tensor.
 
@@ -133,25 +157,10 @@ def run_plan(mode: str, cfg: TransformerConfig, params: dict[str, np.ndarray], t
 
     # saved bytes of one forward pass (a fresh model), peak of one steady-state step (optimizer
     # state already allocated), then timing
-    saved_model = Model.from_params(cfg, params)
-
-    def forward(sac, on_checkpoint_input):
-        torch.manual_seed(seed)
-        return model_loss(saved_model, tokens_t, plan.schedule, policy=sac, on_checkpoint_input=on_checkpoint_input)
-
     model = Model.from_params(cfg, params)
     opt = adamw(model.parameters(), hparams)
     _train_step(model, opt, tokens_t, plan, seed)  # warm-up: allocates AdamW state
-    # the peak is of the forward and backward pass with the AdamW state held, as JAX measures
-    # value_and_grad: AdamW's own step allocates foreach temporaries of the parameters' size, which
-    # at a large vocabulary (MiniLM: 90 MB of parameters, 30 MB of activations) would be the peak
-    # and leave no activation in it; the step is finished right after, outside the measurement
-    memory = None
-    if options.with_memory:
-        memory = measure_torch(forward, lambda: _grad_step(model, opt, tokens_t, plan, seed),
-                               exclude=[*saved_model.parameters(), *saved_model.buffers()], tracked=(model, opt),
-                               policy=plan.policy)
-        opt.step()
+    memory = step_memory(cfg, params, model, opt, tokens_t, plan, seed) if options.with_memory else None
     times = []
     for _ in range(options.timing_repeats):
         t0 = time.perf_counter()

@@ -11,30 +11,14 @@ import parity.inputs.pretrained  # noqa: E402
 from jaxremat.models import TransformerConfig, init_params  # noqa: E402
 from parity.inputs.checkpoints import save_hf_checkpoint  # noqa: E402
 from parity.cli.run import main  # noqa: E402
-from parity.inputs.sentences import sentence_pairs  # noqa: E402
 
 
-def _word_tokenizer(path):
-    """A word-level BERT-style tokenizer over the bundled sentences, saved as path/tokenizer.json."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-
-    words = sorted({w for pair in sentence_pairs() for s in pair for w in pre_tokenizers.Whitespace()
-                    .pre_tokenize_str(s.lower()) for w in [w[0]]})
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    tok.save(str(path / "tokenizer.json"))
-    return len(vocab)
-
-
-def test_run_on_a_local_bert_checkpoint(tmp_path):
+def test_run_on_a_local_bert_checkpoint(tmp_path, word_tokenizer):
     # PyTorch only, to keep the test fast (JAX op by op costs seconds per step); the JAX side of the
     # same preset runs in test_jax_runner_on_the_encoder_is_bitwise_under_jit below.
     ckpt = tmp_path / "tiny-bert"
     ckpt.mkdir()
-    vocab = _word_tokenizer(ckpt)
+    vocab = word_tokenizer(ckpt)
     cfg = TransformerConfig(arch="bert", vocab_size=vocab, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=32,
                             layer_norm_eps=1e-12)
     save_hf_checkpoint(ckpt, cfg, init_params(cfg, seed=0))

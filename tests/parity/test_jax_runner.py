@@ -48,9 +48,9 @@ def test_run_plan_jit_float32_fields_and_parity():
     assert mem.peak_activation_bytes == mem.peak_bytes - 2 * param_bytes  # less parameters and gradients
     assert res.step_time_s > 0 and len(res.step_times_s) == 2 and res.dots_compiled > 0
     # cached: a second call compiles nothing new
-    hits = jax_runner._programs.cache_info().hits
+    hits = jax_runner.programs.cache_info().hits
     run_plan(CFG, params, TOKENS, sqrt, mode="jit", hparams=HP, timing_repeats=1)
-    assert jax_runner._programs.cache_info().hits > hits
+    assert jax_runner.programs.cache_info().hits > hits
 
 
 @pytest.mark.jaxremat_slow

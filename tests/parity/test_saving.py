@@ -57,6 +57,9 @@ def test_torch_peak_without_live_activations_is_named():
     attach_saving(case, "torch", CFG, 2, 8, parse_plan("every_k(2)"), at_peak(300), ref)
     assert case["status"] == STATUS and "no saved activation is live" in case["saving"]["cause"]
     assert "ACT 8 B" in case["saving"]["cause"]
+    # what would make remat matter: none's 1000 saved bytes against the 8000-byte temporary at the peak
+    assert "10% of the step's peak" in case["saving"]["cause"] and "8.0x this batch or length (B=16 or T=64)" in \
+        case["saving"]["cause"]
     # with activations live at the peak the cause stays the allocator's
     live = dataclasses.replace(ref.memory, peak_breakdown={"ACT": 900, "TEMP": 10})
     ref_live = RunResult(loss=ref.loss, grads={}, trained=None, mode="eager", memory=live)
