@@ -30,6 +30,7 @@ from parity.report.html import HTML_NAME, write_html
 
 from parity.checks.verdict import report_passed
 from parity.report import distributed_report
+from parity.report.peer_report import peer_step_markdown, print_peer_steps
 
 REPORT_FILES = ("report.json", "report.md", HTML_NAME)
 
@@ -319,6 +320,7 @@ def print_tables(report: dict, console: Console | None = None) -> None:
         for row in report["peer"]:
             p.add_row(*map(Text, peer_row(row)), style="red" if row["ok"] is False else None)
         console.print(p)
+    print_peer_steps(report, console)
     if report["cross_framework"]:
         x = Table(title="JAX vs PyTorch (same weights and tokens)")
         for col in CROSS_COLUMNS:
@@ -374,6 +376,7 @@ def markdown(report: dict) -> str:
         parts += distributed_report.markdown_sections(report)
     if report.get("peer"):
         parts += ["## Hidden states against a peer", "", md_table(PEER_COLUMNS, [peer_row(x) for x in report["peer"]]), ""]
+    parts += peer_step_markdown(report)
     if report["cross_framework"]:
         parts += ["## JAX vs PyTorch", "", md_table(CROSS_COLUMNS, [cross_row(x) for x in report["cross_framework"]]), ""]
         seen = {}

