@@ -39,7 +39,7 @@ from parity.report.html import HTML_NAME, write_html
 from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, loss_term_scale
 
 DEFAULT_MODEL = "minilm-l6"
-DEFAULT_STEPS = 8
+DEFAULT_STEPS = 6
 """Steps of the default run: about ten minutes on a 2-core CPU for every plan in both frameworks (docs/finetune.md)."""
 FILES = ("finetune.json", "finetune.md", "loss_curve.png", HTML_NAME, "finetune/")
 
