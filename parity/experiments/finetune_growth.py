@@ -5,7 +5,7 @@ run's data order, :func:`parity.inputs.pretrained.preset_batches`) for each N of
 each framework's ``train`` verb, and prints one JSON line per N: the loss error of every step
 (:func:`parity.checks.compare.loss_error` over the first batch's term scale) and the trained weights'
 largest relative error (:func:`parity.checks.compare.max_rel_err`), also in float32 eps per step.
-The bound :data:`parity.cases.finetune.TRAINED_GROWTH` and the figures of docs/finetune.md come from it.
+The bound :func:`parity.cases.finetune.trained_bound` and the figures of docs/finetune.md come from it.
 """
 
 from __future__ import annotations
