@@ -117,7 +117,7 @@ def _measure_steps(variants: dict, repeats: int) -> tuple[dict, dict, dict]:
 def hf_checkpointing_peer(cfg: TransformerConfig, params: dict, tokens: np.ndarray, *, repeats: int = 3) -> dict:
     """Hugging Face ``BertModel`` with gradient checkpointing beside torchref's encoder under ``full``: one training step.
 
-    The peer is ``transformers.BertModel`` built from our weights (as in :func:`hf_bert_hidden`),
+    The peer is ``transformers.BertModel`` built from our weights (:func:`parity.checks.peer.hf_bert_model`),
     with ``gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})``
     (``activation_checkpointing_enable``, its new name, where transformers has it): every
     ``BertLayer`` recomputed in the backward pass, the same blocks :data:`jaxremat.spec.full` checkpoints. One step is: gradients set to None, forward, the contrastive loss
