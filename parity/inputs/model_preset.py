@@ -38,6 +38,9 @@ class ModelPreset:
             have there (:func:`jaxremat.spec.planner.plan_for_budget`'s ``min_checkpoint_length``; 1
             where a framework is not named): 2 where one-block checkpointed segments are not bitwise
             under ``jit`` at this model.
+        texts: for a BERT checkpoint, the bundled pairs its batches are cut from: ``"sentences"``
+            (:func:`parity.inputs.sentences.sentence_batch`, 9-16 tokens a text) or ``"passages"``
+            (:func:`parity.inputs.sentences.passage_batch`, 114-145 tokens a text, for T = 128).
     """
 
     name: str
@@ -52,6 +55,11 @@ class ModelPreset:
     eager_dropouts: Optional[tuple[float, ...]] = None
     repeats: Optional[int] = None
     min_checkpoint_length: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    texts: str = "sentences"
+
+    def __post_init__(self):
+        if self.texts not in ("sentences", "passages"):
+            raise ValueError(f"preset {self.name!r}: texts must be 'sentences' or 'passages', got {self.texts!r}")
 
 
 def with_shape(preset: ModelPreset, batch_size: int | None = None, seq_len: int | None = None) -> ModelPreset:

@@ -30,6 +30,7 @@ from parity.report.terminal import fitted_table, terminal_console
 
 from parity.checks.verdict import report_passed
 from parity.report import distributed_report
+from parity.report.peer_report import peer_step_markdown, print_peer_steps
 
 REPORT_FILES = ("report.json", "report.md", HTML_NAME)
 
@@ -353,6 +354,7 @@ def print_tables(report: dict, console: Console | None = None, wide: bool = Fals
         console.print(fitted_table("Hidden states against a peer (same weights and tokens, dropout off)", PEER_COLUMNS,
                                    map(peer_row, report["peer"]), left=[True, True],
                                    styles=["red" if r["ok"] is False else None for r in report["peer"]]))
+    print_peer_steps(report, console)
     if report["cross_framework"]:
         console.print(fitted_table("JAX vs PyTorch (same weights and tokens)", CROSS_COLUMNS,
                                    map(cross_row, report["cross_framework"]), left=[True, True],
@@ -405,6 +407,7 @@ def markdown(report: dict) -> str:
         parts += distributed_report.markdown_sections(report)
     if report.get("peer"):
         parts += ["## Hidden states against a peer", "", md_table(PEER_COLUMNS, [peer_row(x) for x in report["peer"]]), ""]
+    parts += peer_step_markdown(report)
     if report["cross_framework"]:
         parts += ["## JAX vs PyTorch", "", md_table(CROSS_COLUMNS, [cross_row(x) for x in report["cross_framework"]]), ""]
         seen = {}
