@@ -17,10 +17,11 @@ on an A100, seed 002 measured +11% to +22%. This benchmark measures, in one run:
 Each framework runs in its own process, pinned to one core (``os.sched_setaffinity``; torch with one
 intra-op and one inter-op thread, XLA:CPU without its Eigen thread pool). JAX steps are
 ``jit(value_and_grad(loss_fn))`` compiled once before timing; every plan gets one warm-up step. The
-plans then run interleaved, one step each per round, the order rotated every round, for ``--rounds``
-rounds; each plan's overhead is the median of its per-round ratios to ``none`` with [min-max]
-(:func:`parity.checks.timing.ratio_spread`), marked ``noise`` when the spread is wider than the effect.
-The 1-minute load average is read every round and printed beside every figure.
+plans then run interleaved A B A B for ``--rounds`` rounds: a round runs each plan right after (in odd
+rounds right before) its own ``none`` step, so a pair shares the load of its moment, the pairs' order
+rotated every round; torchref and plain torch are paired the same way. Each plan's overhead is the
+median of its per-round ratios to ``none`` with [min-max] (:func:`parity.checks.timing.ratio_spread`),
+marked ``noise`` when the spread is wider than the effect. The 1-minute load average is read every round and printed beside every figure.
 
 Usage::
 
@@ -75,20 +76,29 @@ def _budget_plan(chain: dict, n_layer: int):
     return RematPlan(plan_chain(chain, (none_peak + chain["fixed_bytes"]) // 2).plan)
 
 
+def _pairs(names: list[str]) -> list[tuple[str, str]]:
+    """(reference, candidate) pairs: every plan against ``none``, torchref against plain torch on the same blocks."""
+    pairs = [("none", n) for n in names if n != "none"]
+    return pairs + [(plain, ours) for ours, plain in REFERENCE_PAIRS if ours in names and plain in names]
+
+
 def _interleave(steps: dict, rounds: int) -> dict:
-    """One warm-up step per plan, then ``rounds`` rounds of one step each, the order rotated per round."""
-    names = list(steps)
-    for name in names:
-        steps[name]()
-    times = {n: [] for n in names}
+    """One warm-up step per plan, then ``rounds`` rounds; a round runs every pair back to back (A B, B A in
+    odd rounds), the pairs' order rotated per round, so that load falls on both steps of a pair alike."""
+    for step in steps.values():
+        step()
+    pairs = _pairs(list(steps))
+    times = {p: ([], []) for p in pairs}
     loads = []
     for r in range(rounds):
         loads.append(load_average_1min())
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - t0)
-    return {"times_s": times, "load_1min": loads}
+        for ref, cand in pairs[r % len(pairs):] + pairs[:r % len(pairs)]:
+            for name in ((ref, cand) if r % 2 == 0 else (cand, ref)):
+                t0 = time.perf_counter()
+                steps[name]()
+                times[(ref, cand)][name == cand].append(time.perf_counter() - t0)
+    return {"pairs": [{"reference": ref, "candidate": cand, "reference_s": t[0], "candidate_s": t[1]}
+                      for (ref, cand), t in times.items()], "load_1min": loads}
 
 
 def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
@@ -191,16 +201,16 @@ def _load_text(loads: list) -> str:
 
 
 def summarize(run: dict) -> dict:
-    """Per plan: median step time (s) and the paired ratio to ``none``; torchref against plain torch."""
-    times = run["times_s"]
-    out = {"none_step_time_s": statistics.median(times["none"]), "load": _load_text(run["load_1min"]), "ratios": {},
-           "vs_plain": {}}
-    for name, t in times.items():
-        if name != "none":
-            out["ratios"][name] = ratio_spread(t, times["none"])
-    for ours, plain in REFERENCE_PAIRS:
-        if ours in times and plain in times:
-            out["vs_plain"][f"{ours} / {plain}"] = ratio_spread(times[ours], times[plain])
+    """Per plan: the paired ratio to ``none``; torchref against plain torch; ``none``'s median step time (s)."""
+    out = {"none_step_time_s": statistics.median(t for p in run["pairs"] if p["reference"] == "none"
+                                                 for t in p["reference_s"]),
+           "load": _load_text(run["load_1min"]), "ratios": {}, "vs_plain": {}}
+    for p in run["pairs"]:
+        rs = ratio_spread(p["candidate_s"], p["reference_s"])
+        if p["reference"] == "none":
+            out["ratios"][p["candidate"]] = rs
+        else:
+            out["vs_plain"][f"{p['candidate']} / {p['reference']}"] = rs
     return out
 
 
@@ -215,9 +225,9 @@ def print_size(size: str, runs: list[dict]) -> None:
         print(f"- {r['framework']}: none {s['none_step_time_s'] * 1e3:.0f} ms/step on core {r['core']}, {s['load']}; "
               f"budget(50%) = {r['resolved'].get('budget(50%)', '-')}")
     fws = [r["framework"] for r in runs]
-    names = [n for n in runs[0]["times_s"] if n != "none"]
-    for r in runs[1:]:
-        names += [n for n in r["times_s"] if n != "none" and n not in names]
+    names = []
+    for s in sums.values():
+        names += [n for n in s["ratios"] if n not in names]
     print("\n| plan | " + " | ".join(f"{f} / none (median [min-max])" for f in fws) + " | within 4/3? |")
     print("|---|" + "---:|" * len(fws) + "---|")
     for name in names:

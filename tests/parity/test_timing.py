@@ -55,7 +55,11 @@ def _bench():
 def test_bench_summarize_pairs_rounds_with_none_and_plain_torch():
     bench = _bench()
     run = {"framework": "torch", "core": 0, "resolved": {}, "load_1min": [3.0, 5.0, 4.0],
-           "times_s": {"none": [1.0, 2.0, 1.0], "full": [1.3, 2.6, 1.2], "plain:full": [1.25, 2.5, 1.2]}}
+           "pairs": [{"reference": "none", "candidate": "full", "reference_s": [1.0, 2.0, 1.0], "candidate_s": [1.3, 2.6, 1.2]},
+                     {"reference": "none", "candidate": "plain:full", "reference_s": [1.0, 2.0, 1.0],
+                      "candidate_s": [1.25, 2.5, 1.2]},
+                     {"reference": "plain:full", "candidate": "full", "reference_s": [1.25, 2.5, 1.2],
+                      "candidate_s": [1.3, 2.6, 1.2]}]}
     s = bench.summarize(run)
     assert set(s["ratios"]) == {"full", "plain:full"}
     assert (s["ratios"]["full"].median, s["ratios"]["full"].low, s["ratios"]["full"].high) == (1.3, 1.2, 1.3)
@@ -68,3 +72,21 @@ def test_bench_summarize_pairs_rounds_with_none_and_plain_torch():
 def test_bench_refuses_unknown_size(capsys):
     assert _bench().main(["--sizes", "huge"]) == 2
     assert "unknown ['huge']" in capsys.readouterr().err
+
+
+def test_bench_pairs_every_plan_with_none_and_torchref_with_plain_torch():
+    pairs = _bench()._pairs(["none", "full", "sqrt", "plain:full", "plain:sqrt"])
+    assert pairs == [("none", "full"), ("none", "sqrt"), ("none", "plain:full"), ("none", "plain:sqrt"),
+                     ("plain:full", "full"), ("plain:sqrt", "sqrt")]
+
+
+def test_bench_interleave_times_both_steps_of_every_pair_each_round():
+    calls = []
+    steps = {n: (lambda n=n: calls.append(n)) for n in ("none", "full", "sqrt")}
+    run = _bench()._interleave(steps, rounds=3)
+    assert calls[:3] == ["none", "full", "sqrt"]  # one warm-up step each
+    assert calls[3:7] == ["none", "full", "none", "sqrt"]  # round 0: A B, A B
+    assert calls[7:11] == ["sqrt", "none", "full", "none"]  # round 1: pairs rotated, B A
+    assert [(p["reference"], p["candidate"], len(p["reference_s"]), len(p["candidate_s"])) for p in run["pairs"]] == [
+        ("none", "full", 3, 3), ("none", "sqrt", 3, 3)]
+    assert len(run["load_1min"]) == 3
