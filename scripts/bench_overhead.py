@@ -21,7 +21,9 @@ plans then run interleaved A B A B for ``--rounds`` rounds: a round runs each pl
 rounds right before) its own ``none`` step, so a pair shares the load of its moment, the pairs' order
 rotated every round; torchref and plain torch are paired the same way. Each plan's overhead is the
 median of its per-round ratios to ``none`` with [min-max] (:func:`parity.checks.timing.ratio_spread`),
-marked ``noise`` when the spread is wider than the effect. The 1-minute load average is read every round and printed beside every figure.
+marked ``noise`` when the spread is wider than the effect. Each step is timed on two clocks: the
+worker's CPU time (``time.process_time``; single-threaded and pinned, it is the step's compute, the
+time other jobs held the core left out) and wall time; a table per clock. The 1-minute load average is read every round and printed beside every figure.
 
 Usage::
 
@@ -91,16 +93,19 @@ def _interleave(steps: dict, rounds: int) -> dict:
     for step in steps.values():
         step()
     pairs = _pairs(list(steps))
-    times = {p: ([], []) for p in pairs}
+    times = {p: {"wall": ([], []), "cpu": ([], [])} for p in pairs}
     loads = []
     for r in range(rounds):
         loads.append(load_average_1min())
         for ref, cand in pairs[r % len(pairs):] + pairs[:r % len(pairs)]:
             for name in ((ref, cand) if r % 2 == 0 else (cand, ref)):
-                t0 = time.perf_counter()
+                w0, c0 = time.perf_counter(), time.process_time()
                 steps[name]()
-                times[(ref, cand)][name == cand].append(time.perf_counter() - t0)
-    return {"pairs": [{"reference": ref, "candidate": cand, "reference_s": t[0], "candidate_s": t[1]}
+                c1, w1 = time.process_time(), time.perf_counter()
+                times[(ref, cand)]["wall"][name == cand].append(w1 - w0)
+                times[(ref, cand)]["cpu"][name == cand].append(c1 - c0)
+    return {"pairs": [{"reference": ref, "candidate": cand, "reference_s": t["wall"][0], "candidate_s": t["wall"][1],
+                       "reference_cpu_s": t["cpu"][0], "candidate_cpu_s": t["cpu"][1]}
                       for (ref, cand), t in times.items()], "load_1min": loads}
 
 
@@ -206,13 +211,18 @@ def _load_text(loads: list) -> str:
     return f"load {statistics.median(loads):.1f} [{min(loads):.1f}-{max(loads):.1f}]"
 
 
-def summarize(run: dict) -> dict:
-    """Per plan: the paired ratio to ``none``; torchref against plain torch; ``none``'s median step time (s)."""
+def summarize(run: dict, clock: str = "cpu") -> dict:
+    """Per plan: the paired ratio to ``none``; torchref against plain torch; ``none``'s median step time (s).
+
+    ``clock`` is ``"cpu"`` (the worker's CPU time, ``time.process_time``: what the step computed, the
+    time other processes held the core left out) or ``"wall"`` (``time.perf_counter``).
+    """
+    key = "_cpu_s" if clock == "cpu" else "_s"
     out = {"none_step_time_s": statistics.median(t for p in run["pairs"] if p["reference"] == "none"
-                                                 for t in p["reference_s"]),
+                                                 for t in p["reference" + key]),
            "load": _load_text(run["load_1min"]), "ratios": {}, "vs_plain": {}}
     for p in run["pairs"]:
-        rs = ratio_spread(p["candidate_s"], p["reference_s"])
+        rs = ratio_spread(p["candidate" + key], p["reference" + key])
         if p["reference"] == "none":
             out["ratios"][p["candidate"]] = rs
         else:
@@ -220,11 +230,12 @@ def summarize(run: dict) -> dict:
     return out
 
 
-def print_size(size: str, runs: list[dict]) -> None:
-    """One Markdown table per size: each plan's ratio to ``none`` in each framework, then torchref vs plain torch."""
+def print_size(size: str, runs: list[dict], clock: str) -> None:
+    """One Markdown table per size and clock: each plan's ratio to ``none`` in each framework, then torchref
+    vs plain torch."""
     n_layer, d_model, _, d_ff, batch, seq = SIZES[size]
-    sums = {r["framework"]: summarize(r) for r in runs}
-    print(f"\n## {size}: {n_layer} layers, d_model {d_model}, d_ff {d_ff}, B={batch}, T={seq}; "
+    sums = {r["framework"]: summarize(r, clock) for r in runs}
+    print(f"\n## {size}, {clock} time: {n_layer} layers, d_model {d_model}, d_ff {d_ff}, B={batch}, T={seq}; "
           f"bound {BOUND:.2f}x (one extra forward, 3 -> 4 forward-equivalents); measured elsewhere {SEED_002}")
     for r in runs:
         s = sums[r["framework"]]
@@ -291,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         for fw in frameworks:
             fw_plans = plans + ([] if args.no_plain or fw != "torch" else list(TORCH_REFERENCES))
             size_runs.append(_run_worker(fw, size, fw_plans, args.rounds, core))
-        print_size(size, size_runs)
+        for clock in ("cpu", "wall"):
+            print_size(size, size_runs, clock)
         sys.stdout.flush()
         runs += size_runs
     if args.json:

@@ -60,7 +60,10 @@ def test_bench_summarize_pairs_rounds_with_none_and_plain_torch():
                       "candidate_s": [1.25, 2.5, 1.2]},
                      {"reference": "plain:full", "candidate": "full", "reference_s": [1.25, 2.5, 1.2],
                       "candidate_s": [1.3, 2.6, 1.2]}]}
-    s = bench.summarize(run)
+    for p in run["pairs"]:
+        p["reference_cpu_s"], p["candidate_cpu_s"] = p["reference_s"], [2 * t for t in p["candidate_s"]]
+    s = bench.summarize(run, "wall")
+    assert bench.summarize(run, "cpu")["ratios"]["full"].median == pytest.approx(2.6)
     assert set(s["ratios"]) == {"full", "plain:full"}
     assert (s["ratios"]["full"].median, s["ratios"]["full"].low, s["ratios"]["full"].high) == (1.3, 1.2, 1.3)
     assert list(s["vs_plain"]) == ["full / plain:full"]
@@ -87,6 +90,6 @@ def test_bench_interleave_times_both_steps_of_every_pair_each_round():
     assert calls[:3] == ["none", "full", "sqrt"]  # one warm-up step each
     assert calls[3:7] == ["none", "full", "none", "sqrt"]  # round 0: A B, A B
     assert calls[7:11] == ["sqrt", "none", "full", "none"]  # round 1: pairs rotated, B A
-    assert [(p["reference"], p["candidate"], len(p["reference_s"]), len(p["candidate_s"])) for p in run["pairs"]] == [
+    assert [(p["reference"], p["candidate"], len(p["reference_s"]), len(p["candidate_cpu_s"])) for p in run["pairs"]] == [
         ("none", "full", 3, 3), ("none", "sqrt", 3, 3)]
     assert len(run["load_1min"]) == 3
