@@ -12,7 +12,9 @@ on an A100, seed 002 measured +11% to +22%. This benchmark measures, in one run:
   :func:`torchref.planner.plan_model`, :func:`jaxremat.planner.plan_model`);
 * PyTorch only, plain torch on the same blocks: ``plain:full`` (``torch.utils.checkpoint.checkpoint``
   per block, ``use_reentrant=False``, torch's defaults), ``plain:full:no_early_stop`` (the same with early
-  stop off, as torchref runs it) and ``plain:sqrt`` (``checkpoint_sequential`` with sqrt's segment count).
+  stop off, as torchref runs it), ``plain:sqrt`` (``checkpoint_sequential`` with sqrt's segment count) and
+  ``plain:full+attention_only`` (torch's ``create_selective_checkpoint_contexts`` with a policy function
+  that saves the ops of the policy's regions, :func:`torchref.names.current_name`, and nothing else).
 
 Each framework runs in its own process, pinned to one core (``os.sched_setaffinity``; torch with one
 intra-op and one inter-op thread, XLA:CPU without its Eigen thread pool). JAX steps are
@@ -47,8 +49,9 @@ import time
 from parity.checks.timing import load_average_1min, ratio_spread
 
 PLANS = ("none", "full", "every_k(2)", "sqrt", "full+attention_only", "budget(50%)")
-TORCH_REFERENCES = ("plain:full", "plain:full:no_early_stop", "plain:sqrt")
-REFERENCE_PAIRS = (("full", "plain:full"), ("full", "plain:full:no_early_stop"), ("sqrt", "plain:sqrt"))
+TORCH_REFERENCES = ("plain:full", "plain:full:no_early_stop", "plain:sqrt", "plain:full+attention_only")
+REFERENCE_PAIRS = (("full", "plain:full"), ("full", "plain:full:no_early_stop"), ("sqrt", "plain:sqrt"),
+                   ("full+attention_only", "plain:full+attention_only"))
 """(torchref plan, plain torch on the same blocks): torchref is held to at most 1.05x the plain call."""
 BOUND = 4 / 3
 FORWARD = "forward"
@@ -113,11 +116,14 @@ def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
     # Deferred imports: a worker process loads one framework only.
     import numpy as np
     import torch
-    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequential, create_selective_checkpoint_contexts
 
     from jaxremat.models import init_params
     from jaxremat.spec.plan import parse_plan
+    from jaxremat.spec.policies import parse_policy
     from torchref.model import GPT, compute_context, lm_loss, split_tokens
+    from torchref.names import current_name
+    from torchref.policies import is_view_op
     from torchref.planner import model_chain
     from torchref.render import model_loss
 
@@ -128,12 +134,23 @@ def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
     tokens = torch.from_numpy(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)))
     n_sqrt = len(parse_plan("sqrt").schedule.segments_for(cfg.n_layer))
 
+    kept = parse_policy("attention_only").save_names
+
+    def sac_policy(ctx, op, *args, **kwargs):
+        save = not is_view_op(op) and current_name() in kept
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
     def plain(kind: str):
         def blocks(x):
             if kind == "plain:sqrt":
                 return checkpoint_sequential(list(model.blocks), n_sqrt, x, use_reentrant=False)
+            if kind == "plain:full+attention_only":
+                for b in model.blocks:
+                    x = checkpoint(b, x, use_reentrant=False,
+                                   context_fn=lambda: create_selective_checkpoint_contexts(sac_policy))
+                return x
             for b in model.blocks:
-                x = checkpoint(b, x, use_reentrant=False, early_stop=kind == "plain:full")
+                x = checkpoint(b, x, use_reentrant=False, early_stop=kind != "plain:full:no_early_stop")
             return x
 
         def step():

@@ -93,3 +93,14 @@ def test_bench_interleave_times_both_steps_of_every_pair_each_round():
     assert [(p["reference"], p["candidate"], len(p["reference_s"]), len(p["candidate_cpu_s"])) for p in run["pairs"]] == [
         ("none", "full", 3, 3), ("none", "sqrt", 3, 3)]
     assert len(run["load_1min"]) == 3
+
+
+def test_fmt_time_ratio_shows_noise_when_the_range_is_wider_than_the_effect():
+    from parity.report.format import fmt_time_ratio
+
+    assert fmt_time_ratio(1.27, [1.21, 1.35]) == "1.27 [1.21-1.35]"
+    assert fmt_time_ratio(4.32, [1.08, 12.99]) == "noise (4.32 [1.08-12.99])"  # issue 37's plan under load
+    assert fmt_time_ratio(0.79, [0.09, 6.19], with_range=False) == "noise"
+    assert fmt_time_ratio(1.27, [1.21, 1.35], with_range=False) == "1.27"
+    assert fmt_time_ratio(1.27, None) == "noise (1.27)"  # one timed step: no spread to judge by
+    assert fmt_time_ratio(None, [1.0, 2.0]) == "-"
