@@ -4,7 +4,7 @@ Chen et al. 2016 (arXiv:1604.06174) bound checkpointing's cost at one extra forw
 step goes from ~3 forward-equivalents (forward + backward at ~2x) to ~4, i.e. at most 4/3 of ``none``;
 on an A100, seed 002 measured +11% to +22%. This benchmark measures, in one run:
 
-* two sizes: ``compute`` (8 layers, d_model 256, d_ff 1024, T=256, B=2: a step of ~0.5-1 s on one
+* two sizes: ``compute`` (8 layers, d_model 256, d_ff 1024, T=256, B=3: a step of ~0.55 s of CPU on one
   core, compute dominates) and ``default`` (the gpt-small preset, B=4, T=64: a step of tens of ms,
   where fixed per-checkpoint costs show);
 * the plans ``none``, ``full``, ``every_k(2)``, ``sqrt``, ``full+attention_only`` and the planner's plan
@@ -60,7 +60,7 @@ is the one-extra-forward bound as measured here (the whole model's forward: an u
 SEED_002 = "+11..22% (A100, seed 002)"
 SIZES = {
     # name: (n_layer, d_model, n_head, d_ff, batch, seq_len)
-    "compute": (8, 256, 4, 1024, 2, 256),
+    "compute": (8, 256, 4, 1024, 3, 256),
     "default": (8, 64, 4, 256, 4, 64),
 }
 
