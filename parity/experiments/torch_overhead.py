@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity.experiments.torch_overhead", description=__doc__.split("\n")[0])
     ap.add_argument("--d-model", type=int, default=256, help="d_model (d_ff = 4 d_model, 4 heads, 8 layers)")
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5, help="profiled steps per variant (interleaved)")
     ap.add_argument("--calls", type=int, default=500, help="calls per fixed-cost loop and round")
     args = ap.parse_args(argv)

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", default="none,full,every_k(2),sqrt,full+attention_only")
     ap.add_argument("--d-model", type=int, default=256, help="d_model (d_ff = 4 d_model, 4 heads, 8 layers)")
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=3)
     args = ap.parse_args(argv)
     cfg = TransformerConfig(vocab_size=256, n_layer=8, d_model=args.d_model, n_head=4, d_ff=4 * args.d_model,
                             max_seq_len=args.seq_len)
