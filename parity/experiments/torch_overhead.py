@@ -6,8 +6,9 @@ Two measurements, both printed as Markdown (docs/time.md quotes them):
    ``none``, torchref's ``full`` and ``full+attention_only``, and plain torch on the same blocks
    (``torch.utils.checkpoint.checkpoint`` per block, ``use_reentrant=False``, early stop on -- torch's
    default -- and off, as torchref runs it). Per variant: matrix-product FLOPs, ATen ops run, the
-   self CPU time of the ATen ops, and the wall time outside them (Python, autograd's engine, the
-   checkpoint's saved-tensor hooks). Recompute is what the FLOPs and op counts add over ``none``;
+   step's CPU time (``time.process_time``), and the share of its wall time spent outside ATen ops
+   (Python, autograd's engine, the checkpoint's saved-tensor hooks; the profiler's op times are wall
+   times, so a share, not seconds, survives load). Recompute is what the FLOPs and op counts add over ``none``;
    what torch's early stop saves is the difference between the two plain variants.
 2. Fixed costs per checkpoint on a no-op segment (:func:`fixed_costs_us`): torch's non-reentrant
    checkpoint (saved-tensor hooks, the recompute call), the part of it that saves and restores the
@@ -15,7 +16,8 @@ Two measurements, both printed as Markdown (docs/time.md quotes them):
    (buffer snapshot, forward hooks recorded and replayed, :func:`torchref.hooks.is_recomputing`).
 
 Each of the step's variants is run ``--repeats`` times, interleaved, and the profile of the median
-step (by wall time) is kept. Process pinned to one core, torch on one thread.
+step (by CPU time) is kept; the fixed-cost loops are timed in CPU time too. Process pinned to one
+core, torch on one thread.
 """
 
 from __future__ import annotations
@@ -62,16 +64,16 @@ def _variants(model: GPT, tokens: torch.Tensor) -> dict:
 
 def _profiled(step) -> dict:
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
-        wall = time.perf_counter() - t0
+        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     # An op called under a dispatch mode (the selective checkpoint's) is recorded at the dispatcher's entry
     # with a PythonDispatchMode child, under which it is recorded again if the mode runs it (not when the
     # mode returns a cached output): only that inner record counts.
     events = [e for e in prof.events() if e.name.startswith("aten::")
               and not any(c.name == "PythonDispatchMode" for c in e.cpu_children)]
     matmuls = [e for e in events if e.name in MATMUL_OPS]
-    return {"wall_s": wall, "matmul_flops": sum(e.flops or 0 for e in matmuls), "matmuls": len(matmuls),
+    return {"wall_s": wall, "cpu_s": cpu, "matmul_flops": sum(e.flops or 0 for e in matmuls), "matmuls": len(matmuls),
             "aten_ops": len(events), "aten_self_s": sum(e.self_cpu_time_total for e in events) / 1e6}
 
 
@@ -85,7 +87,7 @@ def profile_steps(model: GPT, tokens: torch.Tensor, repeats: int) -> dict:
         for name, step in variants.items():
             model.zero_grad(set_to_none=True)
             runs[name].append(_profiled(step))
-    return {n: sorted(r, key=lambda x: x["wall_s"])[len(r) // 2] for n, r in runs.items()}
+    return {n: sorted(r, key=lambda x: x["cpu_s"])[len(r) // 2] for n, r in runs.items()}
 
 
 def fixed_costs_us(model: GPT, calls: int, rounds: int = 7) -> dict:
@@ -113,10 +115,10 @@ def fixed_costs_us(model: GPT, calls: int, rounds: int = 7) -> dict:
     us = {n: [] for n in loops}
     for r in range(rounds):
         for name, fn in loops.items():
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             for _ in range(calls):
                 fn()
-            us[name].append((time.perf_counter() - t0) / calls * 1e6)
+            us[name].append((time.process_time() - t0) / calls * 1e6)
     m = {n: min(v) for n, v in us.items()}
     return {"torch checkpoint machinery (hooks, recompute call, RNG)": m["checkpoint"] - m["op"],
             "of which RNG state save + restore": m["checkpoint"] - m["checkpoint, no RNG"],
@@ -143,17 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     ref = prof["none"]
     print(f"# torch {torch.__version__}, 1 thread; 8 layers, d_model {args.d_model}, B={args.batch}, "
           f"T={args.seq_len}; load {load} -> {load_average_1min()}")
-    print("\n| variant | matmul GFLOP (/none) | matmuls | ATen ops | ATen self s | wall s | wall outside ATen s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| variant | matmul GFLOP (/none) | matmuls | ATen ops | step CPU s (/none) | outside ATen, share of wall |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, p in prof.items():
         print(f"| `{name}` | {p['matmul_flops'] / 1e9:.2f} ({p['matmul_flops'] / ref['matmul_flops']:.3f}) | "
-              f"{p['matmuls']} | {p['aten_ops']} | {p['aten_self_s']:.3f} | {p['wall_s']:.3f} | "
-              f"{p['wall_s'] - p['aten_self_s']:.3f} |")
-    print(f"\n| fixed cost per checkpoint (fastest of 7 interleaved rounds of {args.calls} calls) | us |")
+              f"{p['matmuls']} | {p['aten_ops']} | {p['cpu_s']:.3f} ({p['cpu_s'] / ref['cpu_s']:.2f}) | "
+              f"{1 - p['aten_self_s'] / p['wall_s']:.1%} |")
+    print(f"\n| fixed cost per checkpoint (CPU time, fastest of 7 interleaved rounds of {args.calls} calls) | us |")
     print("|---|---:|")
     for name, us in fixed_costs_us(model, args.calls).items():
         print(f"| {name} | {us:.1f} |")
-    print(f"\n(median step, {args.repeats} profiled steps per variant; load {load_average_1min()})")
+    print(f"\n(median step by CPU time, {args.repeats} profiled steps per variant; load {load_average_1min()})")
     return 0
 
 
