@@ -24,7 +24,7 @@ from jaxremat.models import get_model, registered_models
 
 from parity.checks.predictions import GAP_LIMIT
 from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
-from parity.report.format import fmt_bit, fmt_bytes, fmt_gap, fmt_range, fmt_ratio, md_table
+from parity.report.format import fmt_bit, fmt_bytes, fmt_gap, fmt_range, fmt_ratio, fmt_time_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
 from parity.report.terminal import fitted_table, terminal_console
 
@@ -227,8 +227,14 @@ def _bitwise(c: dict) -> str:
 
 
 def _time(c: dict) -> str:
+    """Step time over ``none``'s with its range; ``noise (...)`` where the range is wider than the distance from 1
+    (:func:`parity.report.format.fmt_time_ratio`); ``none``'s own row shows its range only."""
     t, r = c.get("time_overhead"), c.get("time_overhead_range")
-    return "-" if t is None else f"{t:.2f}" + (f" ({fmt_range(r)})" if r else "")
+    if t is None:
+        return "-"
+    if c.get("plan") == "none":
+        return f"{t:.2f}" + (f" [{r[0]:.2f}-{r[1]:.2f}]" if r else "")
+    return fmt_time_ratio(t, r)
 
 
 TERMINAL_COLUMNS: tuple[Column, ...] = (
@@ -238,7 +244,7 @@ TERMINAL_COLUMNS: tuple[Column, ...] = (
     Column("status", "status", left=True),
     Column("bitwise", _bitwise),
     Column("act/none", "saving", _saving),
-    Column("time/none (range)", _time),
+    Column("time/none [range]", _time),
 )
 """The terminal's case table (``--wide``: :data:`CASE_COLUMNS`): framework, mode, plan, status, gradients and
 weights bitwise, measured peak activation over ``none``'s, step time over ``none``'s with its range."""
