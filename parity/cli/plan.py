@@ -2,14 +2,16 @@
 
 For each budget (``--budget 50%``: of ``none``'s measured peak activation bytes in each
 framework; or bytes, ``--budget 12MiB``) the suite runs three cases per framework -- ``none``,
-``budget(BUDGET)`` (the planner) and ``best_uniform(BUDGET)`` (the uniform plan of least recompute
-that fits) -- through the one case loop (:mod:`parity.cases.budget_plan`), JAX under ``jit`` and
+``budget(BUDGET)`` (the planner) and ``best_uniform(BUDGET)`` (the uniform plan of least cost
+that fits; ``--cost time``, the default for a GPT: each block option's measured time, ``--cost flops``: the
+recompute FLOPs) -- through the one case loop (:mod:`parity.cases.budget_plan`), JAX under ``jit`` and
 PyTorch eager: gradients and trained weights checked byte for byte against ``none``, saved and
 peak activation bytes measured beside the prediction. ``--frontier`` sweeps budgets (10%..100%
 by default) and adds PyTorch's compiler-assisted remat, ``torch.compile`` with
 ``torch._functorch.config.activation_memory_budget`` at the same fractions
 (:mod:`torchref.compiled`; :meth:`parity.runners.framework.Framework.compiler_budget_points`), then writes
-``frontier.png`` (recompute against measured peak activation).
+``frontier.png`` (recompute and measured step time, with its range, against measured peak activation).
+Each row says which plan to use (:mod:`parity.cli.plan_choice`; a time ratio marked noise never decides).
 
 Writes ``plan.json`` (the suite report plus ``plan_rows``, one row per framework and budget, and
 ``compiled`` points), ``plan.md``, ``report.html`` (:mod:`parity.report.html`), and with ``--frontier`` ``frontier.png``. Exit codes: 0 every
@@ -67,7 +69,7 @@ block options, ms), each plan's ``predicted_step_time_s``, ``time_vs_uniform``, 
 def add_parser(sub) -> None:
     """Register the ``plan`` subcommand on an argparse subparsers object."""
     p = sub.add_parser("plan", help="the planner's plan for a memory budget, measured in JAX and PyTorch",
-                       description="Plan the least-recompute remat plan within a budget of peak activation memory, "
+                       description="Plan the remat plan of least measured time (or recompute) within a budget of peak activation memory, "
                        "run it beside none and the best uniform plan in JAX and PyTorch, and write plan.json/plan.md.")
     p.add_argument("--budget", default="50%",
                    help="the budget: a percentage of none's measured peak activation bytes (50%%) or bytes with a "
@@ -254,9 +256,9 @@ def markdown(report: dict) -> str:
     """plan.md: the plan rows, the torch.compile points, the frontier plot, then the suite report of every case."""
     parts = [f"# Remat plans for a memory budget: {report['model']}", "",
              "Each budget is a percentage of `none`'s measured peak activation bytes in the same framework (or "
-             "bytes). `planner`: the least-recompute plan of the planner's space predicted to fit, run and measured "
+             "bytes). `planner`: the plan of least cost (`cost`) in the planner's space predicted to fit, run and measured "
              "(re-planned with the target lowered by the overshoot when the measurement exceeds the budget: "
-             "`tries`); `uniform`: the uniform plan of least recompute predicted to fit, measured the same way. "
+             "`tries`); `uniform`: the uniform plan of least cost predicted to fit, measured the same way. "
              "Recompute FLOPs are the menu's (XLA's cost analysis in JAX, FlopCounterMode in PyTorch). "
              "`cost`: what both plans minimize (`time`: the blocks' measured times, `stack ms pred` their sum "
              "for the plan; `flops`: the recompute FLOPs). "
