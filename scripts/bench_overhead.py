@@ -32,6 +32,10 @@ Usage::
     python scripts/bench_overhead.py                          # both sizes, both frameworks, 7 rounds
     python scripts/bench_overhead.py --sizes compute --rounds 9 --json overhead.json
     python scripts/bench_overhead.py --frameworks torch --plans none,full --sizes default
+    python scripts/bench_overhead.py --planner     # the planner on FLOPs and on measured time, and the uniform plans
+
+``--planner`` times :data:`BUDGET_PLANS` and pairs the time-cost plan directly with the others
+(:data:`PLANNER_PAIRS`); the time-cost chain is measured in the worker, pinned like the steps.
 
 Not a timed test: it prints ratios measured side by side (docs/time.md has the figures).
 """
