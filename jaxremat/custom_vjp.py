@@ -52,6 +52,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.ad_checkpoint import checkpoint_name
 
 from .spec.lint import RematPolicyWarning
+from .tags import sub_jaxprs, tag_name
 
 __all__ = ["CUSTOM_VJP_RESIDUAL", "CUSTOM_VJP_RESIDUALS", "check_custom_vjp_residuals", "count_named_runs",
            "custom_vjp_policy", "save_custom_vjp_residuals", "tag_custom_vjp_residuals"]
@@ -193,9 +194,9 @@ def count_named_runs(fn: Callable[..., Any], *args) -> dict[str, int]:
 def _named_runs(jaxpr: jax.extend.core.Jaxpr) -> collections.Counter:
     runs: collections.Counter = collections.Counter()
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "name":
-            runs[eqn.params["name"]] += 1
-        subs = [_named_runs(getattr(j, "jaxpr", j)) for j in jax.extend.core.jaxprs_in_params(eqn.params)]
+        if tag_name(eqn) is not None:
+            runs[tag_name(eqn)] += 1
+        subs = [_named_runs(getattr(j, "jaxpr", j)) for j in sub_jaxprs(eqn)]
         if eqn.primitive.name == "cond":
             subs = [collections.Counter({k: max(s[k] for s in subs) for s in subs for k in s})]
         elif eqn.primitive.name == "while" and any(subs):

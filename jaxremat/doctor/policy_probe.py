@@ -27,9 +27,10 @@ import inspect
 from typing import Any, Callable, Iterator
 
 import jax
-import jax.extend.core
 import numpy as np
 from jax.extend.core.primitives import name_p
+
+from ..tags import ask_policy, sub_jaxprs, tag_name
 
 __all__ = ["HOST_MEMORY_KIND", "RegionAnswers", "describe_policy", "policy_names", "region_answers",
            "region_eqns", "region_tags"]
@@ -158,13 +159,13 @@ def region_eqns(jaxpr: Any) -> Iterator[Any]:
     """Every equation of ``jaxpr`` and of the sub-programs in its equations (scan, cond, jit, remat)."""
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        for sub in sub_jaxprs(eqn):
             yield from region_eqns(sub)
 
 
 def region_tags(jaxpr: Any) -> frozenset[str]:
     """The ``checkpoint_name`` tags carried by operations of a region (at any depth)."""
-    return frozenset(e.params["name"] for e in region_eqns(jaxpr) if e.primitive is name_p)
+    return frozenset(tag_name(e) for e in region_eqns(jaxpr) if tag_name(e) is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +195,7 @@ def region_answers(policy: Callable | None, jaxpr: Any) -> RegionAnswers:
         if policy is None:
             continue
         try:
-            answer = policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
+            answer = ask_policy(policy, eqn)
         except Exception:  # a policy that cannot judge this operation does not keep it
             continue
         kind = _kind(answer)
