@@ -104,8 +104,8 @@ def fma_xfail(max_ulp: int):
     """jax 0.12.0.1's XLA:CPU rounds a multiply-add once (FMA) in some fusions and twice in others and fuses
     this block's forward pass and its recompute differently (the residual adds after dropout's scaling):
     the gradients move by up to ~6e-7 of their largest entry, ``max_ulp`` at an entry near zero.
-    ``lax.optimization_barrier`` on the two dropout outputs makes every case bitwise; jax 0.10.2 is bitwise
-    without. Strict: the mark fails once XLA (or the renderer) makes the case bitwise again."""
+    ``lax.optimization_barrier`` on the two dropout outputs makes each case bitwise but ``full+save_dots``
+    (128 ULP left); jax 0.10.2 is bitwise without. Strict: the mark fails once the case is bitwise again."""
     return pytest.mark.xfail(jax.__version_info__ >= (0, 12), strict=True, reason=(
         f"jax 0.12.0.1 XLA:CPU rounds a multiply-add of the block once (FMA) in one of the forward pass and the "
         f"recompute and twice in the other: max {max_ulp} ULP (docs/usage.md, JAX versions)"))

@@ -205,6 +205,9 @@ def test_every_k_saves_one_boundary_per_segment(tiny):
     assert kept == [(2, 2, 8, 16), (1, 2, 8, 16)]  # group of 2 segments, then the remainder
 
 
+@pytest.mark.skipif(jax.config.jax_remat3 and jax.__version_info__ < (0, 12), reason=(
+    "jax 0.10.2's jax_remat3: everything_saveable keeps 128 B less per layer than no remat (66,560 B against "
+    "67,200 at 5 layers); jax 0.12 keeps the same (docs/usage.md, JAX versions)"))
 def test_none_saves_attention_probabilities_and_policy_everything_saveable_equals_none(tiny):
     cfg, params, _ = tiny
     bp, x = block_params_of(params), jnp.ones((2, 8, 16))
