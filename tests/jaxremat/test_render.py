@@ -271,3 +271,18 @@ def test_carry_sharding_pins_every_block_boundary_and_keeps_the_bits(mlp_stack, 
     (lb, (gb, gxb)) = jax.jit(lambda p, x: grad(p, x, None))(params, x)
     assert bits.equal(la, lb) and bits.equal(gxa, gxb)
     bits.assert_tree(ga, gb, "pinned grads")
+
+
+@pytest.mark.skipif(jax.__version_info__ >= (0, 11), reason="the refusal applies to JAX < 0.11 only")
+def test_policy_in_the_reverse_loop_under_jax_remat3_is_refused_on_old_jax():
+    """JAX 0.10's jax_remat3 gave wrong gradients through the reverse loop with a policy: refused in one line."""
+    params = {"w": jnp.ones((2, 3, 3))}
+    block = lambda p, c, _: jnp.tanh(c @ p["w"])  # noqa: E731
+    previous = jax.config.jax_remat3
+    jax.config.update("jax_remat3", True)
+    try:
+        with pytest.raises(ValueError, match=r"jax_remat3 gives wrong gradients.*method='checkpoint'"):
+            remat_scan(block, params, jnp.ones((1, 3)), "full", policy="save_dots")
+        remat_scan(block, params, jnp.ones((1, 3)), "full", policy="save_dots", method="checkpoint")
+    finally:
+        jax.config.update("jax_remat3", previous)
