@@ -42,7 +42,6 @@ Reverse over reverse (``grad`` of ``grad``) works.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -123,70 +122,30 @@ def _isolated(tree):
     return lambda fn, operand: lax.cond(first == first, fn, fn, operand)
 
 
-def _isolated_in_place(tree):
-    """``isolate(fn, operand)``: ``fn(operand)`` as the taken branch of a ``lax.cond`` whose other branch
-    returns ``operand`` unchanged, predicated on ``tree`` by a test that is true for every value
-    (``bits | 1 != 0`` on the raw bits of one entry) but that XLA cannot fold.
-
-    Unlike :func:`_isolated` (``fn`` in both branches), XLA updates the operand's buffers in place
-    inside the branch: ``fn`` may take the full-size gradient buffers and write one layer's slice.
-    With ``fn`` in both branches XLA copied every gradient buffer into the cond and out of it;
-    returning one layer's gradients from a cond and writing them outside kept them as buffers of
-    their own, beside the gradient stacks (measured on XLA:CPU, jax 0.10.2; docs/memory-model.md,
-    section 7).
-    """
-    floats = [a for a in _tree.tree_leaves(tree) if a is not None and _differentiable(a)]
-    if not floats:
-        return _direct
-    first = jnp.ravel(floats[0])[0]
-    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[first.dtype.itemsize]
-    bits = lax.bitcast_convert_type(first, uint)
-    always = (bits | uint(1)) != uint(0)
-    return lambda fn, operand: lax.cond(always, fn, lambda o: o, operand)
-
-
 def _direct(fn, operand):
     return fn(operand)
-
-
-def _indexed_scan(step, carry, n: int, reverse: bool = False):
-    """``lax.scan(step, carry, arange(n), reverse=reverse)`` with the index carried, not scanned over.
-
-    Scanning over ``arange(n)`` made XLA keep that (n,) int32 vector and one more loop-tuple slot:
-    72 bytes above ``method="checkpoint"`` per loop at N <= 8 (measured on XLA:CPU, jax 0.10.2).
-    """
-    def body(ic, _):
-        i, c = ic
-        c, y = step(c, i)
-        return (i - 1 if reverse else i + 1, c), y
-    (_, c), ys = lax.scan(body, (jnp.int32(n - 1 if reverse else 0), carry), None, length=n, reverse=reverse)
-    return c, ys
 
 
 def _scan(step, carry, n: int, *, isolate_on=None):
     """``lax.scan(step, carry, arange(n))``; for n == 1 the step runs isolated (see :func:`_isolated`)."""
     if n > 1:
-        return _indexed_scan(step, carry, n)
+        return lax.scan(step, carry, jnp.arange(n))
     c, ys = _isolated(carry if isolate_on is None else isolate_on)(lambda c: step(c, jnp.int32(0)), carry)
     return c, _tree.tree_map(lambda a: a[None], ys)
 
 
-def _reverse(compute, accumulate, state, n: int, looped: bool = False):
+def _reverse(compute, accumulate, state, n: int):
     """For i = n-1 .. 0: ``state = accumulate(state, compute(i, state[0]), i)``.
 
     ``compute`` is pure and returns small values (one layer's or one segment's gradients); the
     full-size gradient buffers in ``state`` are only touched by ``accumulate``, outside any cond,
-    so XLA updates them in place. For n == 1 the step runs directly where ``looped`` (already inside
-    an isolated body: :meth:`_Stack.in_body`), else isolated with ``accumulate`` inside the cond
-    (:func:`_isolated_in_place`: the gradient buffers are updated in place there too).
+    so XLA updates them in place. For n == 1, ``compute`` runs isolated (see :func:`_isolated`).
     """
     if n > 1:
         body = lambda st, i: (accumulate(st, compute(i, st[0]), i), None)
-        return _indexed_scan(body, state, n, reverse=True)[0]
+        return lax.scan(body, state, jnp.arange(n), reverse=True)[0]
     i = jnp.int32(0)
-    if looped:
-        return accumulate(state, compute(i, state[0]), i)
-    return _isolated_in_place(state[0])(lambda st: accumulate(st, compute(i, st[0]), i), state)
+    return accumulate(state, _isolated(state[0])(lambda ct_c: compute(i, ct_c), state[0]), i)
 
 
 def _after(values, ct_c: list):
@@ -286,23 +245,6 @@ class _Stack:
     def __init__(self, fn, params, xs, consts, policy, carry_template, ct_ys=None):
         self.fn, self.params, self.xs, self.consts, self.policy = fn, params, xs, consts, policy
         self.carry_template, self.ct_ys = carry_template, ct_ys
-        self.looped = False
-
-    @contextlib.contextmanager
-    def in_body(self):
-        """While tracing a checkpointed segment's backward body (a loop body, or one isolated computation),
-        a one-layer pullback inside it runs directly, not in a ``lax.cond`` of its own (``looped``): the
-        body already is a computation of its own, and a cond's results (one layer's parameter
-        gradients) would be buffers beside the gradient stacks (measured on XLA:CPU, jax 0.10.2: one
-        layer's weights of temp bytes above ``method="checkpoint"`` under ``full``). The recompute
-        keeps its own cond (:func:`_scan`): fused with the pullback, the layer rounded differently
-        from ``none`` (docs/memory-model.md, section 7).
-        """
-        before, self.looped = self.looped, True
-        try:
-            yield
-        finally:
-            self.looped = before
 
     def plain(self, base, length: int, c):
         """Layers ``base .. base + length`` keeping nothing; (carry, stacked ys)."""
@@ -382,7 +324,7 @@ class _Stack:
                     p, x = _take(self.params, a + i), _take(self.xs, a + i)
                     return _rebuild(meta, _take(res, i), p, x, self.consts)(self._ct_out(ct_c, a + i))
                 state = _reverse(compute, lambda st, grads, i, a=a: self._accumulate(st, grads, a + i),
-                                 state, g.n_seg * g.k, self.looped)
+                                 state, g.n_seg * g.k)
             elif g.inner is None and g.policy is not None:
                 def compute(s, ct_c, a=a, g=g, res=res, meta=meta):
                     start = a + s * g.k
@@ -390,7 +332,7 @@ class _Stack:
                     chunk, xs_chunk = self._chunk(start, g.k)
                     return _rebuild(meta, kept, chunk, xs_chunk, self.consts)(self._ct_out(ct_c, start, g.k))
                 state = _reverse(compute, lambda st, grads, s, a=a, g=g: self._accumulate(st, grads, a + s * g.k, g.k),
-                                 state, g.n_seg, self.looped)
+                                 state, g.n_seg)
             else:
                 state = self._backward_checkpointed(g, a, res, state)
         return state
@@ -408,15 +350,13 @@ class _Stack:
                 metas[:] = [inner_metas]
                 return inner_res
 
-            inner_res = recompute(_after(_take(boundaries, s), state[0]))
+            isolate = _isolated(state[0]) if g.n_seg == 1 else _direct
+            inner_res = isolate(recompute, _after(_take(boundaries, s), state[0]))
             return self.backward(inner, start, inner_res, metas[0], state)
 
-        if g.n_seg == 1 and self.looped:
+        if g.n_seg == 1:
             return segment(state, jnp.int32(0))
-        with self.in_body():
-            if g.n_seg == 1:  # recompute and pullback as one isolated computation that updates state in place
-                return _isolated_in_place(state[0])(lambda st: segment(st, jnp.int32(0)), state)
-            return _indexed_scan(lambda st, s: (segment(st, s), None), state, g.n_seg, reverse=True)[0]
+        return lax.scan(lambda st, s: (segment(st, s), None), state, jnp.arange(g.n_seg), reverse=True)[0]
 
 
 def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list, segments: tuple[Segment, ...],
