@@ -27,7 +27,7 @@ from .models.config import TransformerConfig
 from .models.params import param_shapes
 from .planner import DEFAULT_MENU, gpt_chain
 from .render import remat_scan
-from .spec.option_time import DEFAULT_LENGTHS, DEFAULT_ROUNDS, OptionTime, measure_options, options_with_times
+from .spec.option_time import DEFAULT_LENGTHS, DEFAULT_ROUNDS, OptionTime, measure_options, timed_gpt_chain
 from .spec.policies import parse_policy
 from .spec.segment_plan import PlanSegment, SegmentPlan
 
@@ -109,9 +109,4 @@ def timed_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence
     Raises:
         ValueError: a family other than GPT, bad sizes, or a bad menu.
     """
-    if cfg.arch != "gpt":
-        raise ValueError(f"timed_chain times the GPT block; cfg.arch is {cfg.arch!r}")
-    chain = gpt_chain(cfg, batch, seq, policies)
-    menu = chain["options_per_block"][0]
-    times = gpt_option_times(cfg, batch, seq, [o.name for o in menu], rounds=rounds)
-    return {**chain, "options_per_block": [options_with_times(menu, times)] * cfg.n_layer, "option_times": times}
+    return timed_gpt_chain(cfg, batch, seq, policies, rounds, gpt_chain, gpt_option_times)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from jaxremat.models.config import TransformerConfig
-from jaxremat.spec.option_time import DEFAULT_LENGTHS, DEFAULT_ROUNDS, OptionTime, measure_options, options_with_times
+from jaxremat.spec.option_time import DEFAULT_LENGTHS, DEFAULT_ROUNDS, OptionTime, measure_options, timed_gpt_chain
 from jaxremat.spec.policies import parse_policy
 from jaxremat.spec.segment_plan import PlanSegment, SegmentPlan
 
@@ -114,9 +114,4 @@ def timed_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence
     Raises:
         ValueError: a family other than GPT, bad sizes, or a bad menu.
     """
-    if cfg.arch != "gpt":
-        raise ValueError(f"timed_chain times the GPT block; cfg.arch is {cfg.arch!r}")
-    chain = gpt_chain(cfg, batch, seq, policies)
-    menu = chain["options_per_block"][0]
-    times = gpt_option_times(cfg, batch, seq, [o.name for o in menu], rounds=rounds)
-    return {**chain, "options_per_block": [options_with_times(menu, times)] * cfg.n_layer, "option_times": times}
+    return timed_gpt_chain(cfg, batch, seq, policies, rounds, gpt_chain, gpt_option_times)

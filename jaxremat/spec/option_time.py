@@ -27,7 +27,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 from .planner import BlockOption
 
 __all__ = ["DEFAULT_LENGTHS", "DEFAULT_ROUNDS", "OptionTime", "TimeSpread", "measure_options", "option_time",
-           "options_with_times", "time_rounds", "times_table"]
+           "options_with_times", "time_rounds", "times_table", "timed_gpt_chain"]
 
 DEFAULT_LENGTHS = (2, 4)
 """The two segment lengths (blocks) each option is timed at: 2, not 1, since a one-block JAX segment runs
@@ -197,3 +197,20 @@ def measure_options(segment_calls: Callable[[str, int], tuple], names: Sequence[
     got = time_rounds(calls, rounds, **kw)
     return {name: option_time(name, lengths, {n: got[(name, n, "forward")] for n in lengths},
                               {n: got[(name, n, "step")] for n in lengths}) for name in names}
+
+
+def timed_gpt_chain(cfg, batch: int, seq: int, policies: Sequence, rounds: int,
+                    chain_of: Callable, times_of: Callable) -> dict:
+    """A GPT planner chain with every option's measured ``step_time_s`` and ``segment_time_s`` set and
+    ``option_times`` (``{name: OptionTime}``) added; ``chain_of(cfg, batch, seq, policies)`` is a
+    framework's ``gpt_chain`` and ``times_of(cfg, batch, seq, names, rounds=)`` its ``gpt_option_times``.
+
+    Raises:
+        ValueError: a family other than GPT (``cfg.arch``), or what ``chain_of`` raises.
+    """
+    if cfg.arch != "gpt":
+        raise ValueError(f"timed_chain times the GPT block; cfg.arch is {cfg.arch!r}")
+    chain = chain_of(cfg, batch, seq, policies)
+    menu = chain["options_per_block"][0]
+    times = times_of(cfg, batch, seq, [o.name for o in menu], rounds=rounds)
+    return {**chain, "options_per_block": [options_with_times(menu, times)] * cfg.n_layer, "option_times": times}
