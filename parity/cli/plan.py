@@ -39,7 +39,8 @@ from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.cli.budget import check_fits, run_estimate
 from parity.cli.checks import out_path, unique_items
-from parity.cli.plan_choice import choose, options_markdown, time_vs_uniform
+from parity.cli.plan_choice import (candidates_markdown, choose, options_markdown, paired_markdown, paired_times,
+                                   time_vs_uniform)
 from parity.cli.command import checked, claimed, make_console
 from parity.cli.util import ascii_int
 from parity.inputs.model_preset import with_shape
@@ -141,8 +142,9 @@ def plan_suite_from_args(args):
     return suite, budgets
 
 
-def plan_rows(report: dict, budgets) -> list[dict]:
-    """One row per framework and budget: the planner's case beside the best uniform plan's."""
+def plan_rows(report: dict, budgets, suite=None) -> list[dict]:
+    """One row per framework and budget: the planner's case beside the best uniform plan's; with ``suite``, the
+    two plans' steps timed against each other (:func:`parity.cli.plan_choice.paired_times`) before the choice."""
     by = {(c["framework"], c["plan"]): c for c in report["cases"]}
     rows = []
     for fw in dict.fromkeys(c["framework"] for c in report["cases"]):
@@ -162,16 +164,29 @@ def plan_rows(report: dict, budgets) -> list[dict]:
                     "weights_bitwise_equal": c.get("weights_bitwise_equal"),
                     "recompute_flops": c.get("planned_recompute_flops"), "time_overhead": c.get("time_overhead"),
                     "time_overhead_range": c.get("time_overhead_range"), "attempts": len(c.get("budget_attempts") or []),
-                    "predicted_step_time_s": c.get("planned_step_time_s")}
+                    "predicted_step_time_s": c.get("planned_step_time_s"),
+                    **_candidates(c)}
             pf = (row["planner"] or {}).get("recompute_flops")
             uf = (row["uniform"] or {}).get("recompute_flops")
             row["recompute_vs_uniform"] = (None if pf is None or uf is None else
                                            "less" if pf < uf else "equal" if pf == uf else "more")
-            t = time_vs_uniform(row)
-            row["time_vs_uniform"] = None if t is None else t.as_dict()
-            row["choice"], row["choice_reason"] = choose(row)
             rows.append(row)
+    if suite is not None:
+        paired_times(suite, rows)
+    for row in rows:
+        t = time_vs_uniform(row)
+        row["time_vs_uniform"] = None if t is None else t.as_dict()
+        row["choice"], row["choice_reason"] = choose(row)
     return rows
+
+
+def _candidates(case: dict) -> dict:
+    """The candidates a case's last plan was chosen from, timed whole (:func:`parity.cases.budget_plan.candidate_plans`)."""
+    last = (case.get("budget_attempts") or [{}])[-1]
+    if not last.get("candidates"):
+        return {}
+    return {"candidates": last["candidates"], "candidate_choice": last.get("choice_reason"),
+            "candidate_timing": last.get("timing")}
 
 
 NO_FIT = "NoPlanFits"
@@ -268,6 +283,7 @@ def markdown(report: dict) -> str:
              md_table(COLUMNS, table_rows(report["plan_rows"])), "",
              *[f"- {r['framework']} {r['budget']}: {r.get('choice')} ({r.get('choice_reason')})"
                for r in report["plan_rows"]],
+             *paired_markdown(report["plan_rows"]), *candidates_markdown(report["plan_rows"]),
              *options_markdown(report["plan_rows"])]
     if report.get("compiled"):
         parts += ["", "## torch.compile with activation_memory_budget (PyTorch's own compiler-assisted remat)", "",
@@ -339,7 +355,7 @@ def _plan(args, suite, budgets, console, claim, env) -> int:
 
     try:
         report = run_suite(suite, on_start=on_start, on_partial=partial)
-        report["plan_rows"] = plan_rows(report, budgets)
+        report["plan_rows"] = plan_rows(report, budgets, suite)
         report["compiled"] = []
         if args.frontier:
             report["compiled"] = _compiled_points(suite, budgets, "inductor" if args.inductor else

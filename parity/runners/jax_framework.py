@@ -23,6 +23,7 @@ from jaxremat.memory import gpu_available
 from jaxremat.models import TransformerConfig, init_params
 from jaxremat.block_time import timed_chain
 from jaxremat.planner import DEFAULT_MENU, model_chain
+from jaxremat.spec.option_time import time_rounds
 from jaxremat.spec.plan import RematPlan
 from jaxremat.spec.policies import Policy
 from jaxremat.survival import count_dots
@@ -33,6 +34,10 @@ from parity.runners import jax_estimate, jax_runner, jax_stress, jax_train
 from parity.runners.framework import FRAMEWORKS, RunOptions
 from parity.runners.jax_memory import measure_jax
 from parity.runners.result import RunResult, TrainRun, kept_and_offloaded, memory_fields, timed
+
+
+_STEPS: dict = {}
+"""(cfg, tokens shape, plan name) -> the compiled ``jit(value_and_grad(loss))``: each plan compiled once a process."""
 
 
 class JaxFramework:
@@ -83,6 +88,22 @@ class JaxFramework:
         if gpu_available():
             out["peak_activation_source"] += "; device peaks: python -m parity.cases.gpu_pass"
         return out
+
+    def time_steps(self, cfg: TransformerConfig, params, tokens: np.ndarray, plans, rounds: int) -> dict:
+        """Each plan's ``jit(value_and_grad(loss_fn))`` (compiled once per model, shape and plan in a process), timed
+        interleaved over ``rounds`` (:func:`jaxremat.spec.option_time.time_rounds`: process CPU time, samples of at
+        least 20 ms): ``{plan name: [seconds per step, one per round]}``."""
+        loss_fn = jax_runner.objective(cfg)
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        tok = jnp.asarray(tokens, dtype=jnp.int32)
+        calls = {}
+        for plan in plans:
+            key = (cfg, tok.shape, plan.name)
+            if key not in _STEPS:
+                step = jax.value_and_grad(lambda q, t, plan=plan: loss_fn(q, t, cfg, plan))
+                _STEPS[key] = jax.jit(step).lower(p, tok).compile()
+            calls[plan.name] = lambda c=_STEPS[key]: jax.block_until_ready(c(p, tok))
+        return time_rounds(calls, rounds, min_sample_s=0.02)
 
     def kept_names(self, cfg: TransformerConfig, batch: int, seq: int, policy: Policy) -> dict:
         """What one checkpointed block keeps: its non-argument saved residuals, each with its ``checkpoint_name``
