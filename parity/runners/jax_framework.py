@@ -36,10 +36,6 @@ from parity.runners.jax_memory import measure_jax
 from parity.runners.result import RunResult, TrainRun, kept_and_offloaded, memory_fields, timed
 
 
-_STEPS: dict = {}
-"""(cfg, tokens shape, plan name) -> the compiled ``jit(value_and_grad(loss))``: each plan compiled once a process."""
-
-
 class JaxFramework:
     """JAX: ``jit`` and op-by-op modes, XLA's compiled memory analysis, ``jax.checkpoint`` renderings."""
 
@@ -90,19 +86,14 @@ class JaxFramework:
         return out
 
     def time_steps(self, cfg: TransformerConfig, params, tokens: np.ndarray, plans, rounds: int) -> dict:
-        """Each plan's ``jit(value_and_grad(loss_fn))`` (compiled once per model, shape and plan in a process), timed
-        interleaved over ``rounds`` (:func:`jaxremat.spec.option_time.time_rounds`: process CPU time, samples of at
-        least 20 ms): ``{plan name: [seconds per step, one per round]}``."""
-        loss_fn = jax_runner.objective(cfg)
+        """Each plan's ``jit(value_and_grad(loss_fn))`` (:func:`parity.runners.jax_runner.compiled_step`: compiled once
+        per model, shape and plan in a process, shared with the cases' runs), without dropout, timed interleaved over
+        ``rounds`` (:func:`jaxremat.spec.option_time.time_rounds`: process CPU time, samples of at least 20 ms):
+        ``{plan name: [seconds per step, one per round]}``."""
         p = {k: jnp.asarray(v) for k, v in params.items()}
         tok = jnp.asarray(tokens, dtype=jnp.int32)
-        calls = {}
-        for plan in plans:
-            key = (cfg, tok.shape, plan.name)
-            if key not in _STEPS:
-                step = jax.value_and_grad(lambda q, t, plan=plan: loss_fn(q, t, cfg, plan))
-                _STEPS[key] = jax.jit(step).lower(p, tok).compile()
-            calls[plan.name] = lambda c=_STEPS[key]: jax.block_until_ready(c(p, tok))
+        steps = {plan.name: jax_runner.compiled_step(cfg, plan, tuple(tok.shape), False) for plan in plans}
+        calls = {name: (lambda c=c: jax.block_until_ready(c(p, tok, None))) for name, c in steps.items()}
         return time_rounds(calls, rounds, min_sample_s=0.02)
 
     def kept_names(self, cfg: TransformerConfig, batch: int, seq: int, policy: Policy) -> dict:
