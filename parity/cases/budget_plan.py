@@ -10,9 +10,15 @@ with no policy or one of the menu's policies, predicted by the same menu and cha
 ``plan(...)`` is always a segment plan (:mod:`jaxremat.spec.segment_plan`); the budget's old
 spelling ``plan(50%)`` is refused with a message naming ``budget(50%)``.
 
-"Least recompute" is the suite's ``planner_cost``: recompute FLOPs (``"flops"``), or time (``"time"``:
-each block option's forward and backward time measured by the framework once per model and shape,
-:mod:`jaxremat.block_time`, :mod:`torchref.block_time`); the uniform plan is chosen on the same cost.
+"Least recompute" is the suite's ``planner_cost``: recompute FLOPs (``"flops"``), or time (``"time"``). How
+time is measured is the framework's :attr:`parity.runners.framework.FrameworkInfo.time_cost`: ``"segments"``
+(PyTorch), each block option's forward and backward time measured once per model and shape
+(:mod:`torchref.block_time`) and summed by the planner; ``"plans"`` (JAX, where block times measured on short
+segments do not add up to a compiled stack's), a handful of candidate plans (:func:`candidate_plans`: the
+planner's plan on the FLOPs chain, the least-recompute uniform plan and ``full`` under each option that fit)
+compiled and timed whole, interleaved, the fastest beyond the noise chosen
+(:func:`parity.cases.plan_timing.fastest`), else the FLOPs model's. The uniform plan is chosen the same way
+among the uniform candidates.
 
 A budget plan is resolved when its case runs, once ``none`` has been measured:
 
@@ -157,11 +163,9 @@ def uniform_candidates(n_layer: int, policies) -> list[RematPlan]:
     return out
 
 
-def _planned(chain: dict, target: int, min_len: int, cost: str, only: str | None = None) -> tuple[RematPlan, dict]:
-    """The planner's plan for ``target`` bytes (whole step) on ``chain``; ``only``: a menu of ``store`` and that option."""
+def _planned(chain: dict, target: int, min_len: int, cost: str) -> tuple[RematPlan, dict]:
+    """The planner's plan for ``target`` bytes (whole-step peak activation) on ``chain``, and its predictions."""
     fixed, opts = chain["fixed_bytes"], chain["options_per_block"]
-    if only is not None:
-        opts = [[o for o in menu if not o.checkpointed or o.name == only] for menu in opts]
     try:
         r = plan_for_budget(opts, max(0, target - fixed), chain["boundary_bytes"], chain["invariant_bytes"],
                             min_checkpoint_length=min_len, cost=cost)
@@ -208,10 +212,11 @@ def candidate_plans(chains: dict, n: int, target: int, min_len: int = 1) -> dict
     """The plans timed whole for ``target`` bytes, per case kind, the model's choice first (each with its
     predictions and ``sources``: why it is a candidate).
 
-    ``chains``: ``{cost: chain}``, the model's cost first. ``best_uniform``: the uniform plan of least cost
-    on each chain, and of each checkpoint option the least-cost uniform plan that fits; ``budget``: the
-    planner's plan on each chain and on a menu of ``store`` and one checkpoint option (each option of the
-    first chain's menu), then every ``best_uniform`` candidate (the planner's space holds them).
+    ``chains``: ``{cost: chain}``, the model's cost first. ``best_uniform``: the uniform plan of least cost on
+    each chain, and ``full`` under each checkpoint option of the first chain's menu that fits (every block its
+    own segment: recompute fused into each block's backward, the fastest uniform plan measured on XLA:CPU,
+    docs/time.md); ``budget``: the planner's plan on each chain, then every ``best_uniform`` candidate (the
+    planner's space holds them).
 
     Raises:
         jaxremat.spec.planner.NoPlanFits: no plan of the space fits (the first chain's least peak).
@@ -223,21 +228,15 @@ def candidate_plans(chains: dict, n: int, target: int, min_len: int = 1) -> dict
         got[1]["sources"].append(source)
 
     first = next(iter(chains.values()))
-    options = [o.name for o in first["options_per_block"][0] if o.checkpointed]
     for cost, chain in chains.items():
         add("budget", *_planned(chain, target, min_len, cost), f"planner ({cost})")
         fits = _uniform_fits(chain, n, target, min_len, cost)
         if fits:
             add("best_uniform", *fits[0], f"best uniform ({cost})")
         if chain is first:
-            for only in options:
-                try:
-                    add("budget", *_planned(chain, target, min_len, cost, only), f"planner ({cost}, {only} only)")
-                except NoPlanFits:
-                    continue
-                best = next((f for f in fits if f[0].policy.name == only), None)
-                if best is not None:
-                    add("best_uniform", *best, f"best uniform ({cost}, {only})")
+            full = [(p, d) for p, d in fits if all(s.checkpointed and s.length == 1 for s in p.segments_for(n))]
+            for plan, pred in full:
+                add("best_uniform", plan, pred, f"full, {plan.policy.name}")
     if not out["best_uniform"]:
         least, least_plan = min_peak_plan(first["options_per_block"], first["boundary_bytes"], first["invariant_bytes"],
                                           min_checkpoint_length=min_len)

@@ -3,15 +3,18 @@
 For each budget (``--budget 50%``: of ``none``'s measured peak activation bytes in each
 framework; or bytes, ``--budget 12MiB``) the suite runs three cases per framework -- ``none``,
 ``budget(BUDGET)`` (the planner) and ``best_uniform(BUDGET)`` (the uniform plan of least cost
-that fits; ``--cost time``, the default for a GPT: each block option's measured time, ``--cost flops``: the
-recompute FLOPs) -- through the one case loop (:mod:`parity.cases.budget_plan`), JAX under ``jit`` and
+that fits; ``--cost time``, the default for a GPT: measured time -- in PyTorch each block option's, in JAX a
+handful of candidate plans timed whole (:attr:`parity.runners.framework.FrameworkInfo.time_cost`) --, ``--cost
+flops``: the recompute FLOPs) -- through the one case loop (:mod:`parity.cases.budget_plan`), JAX under ``jit`` and
 PyTorch eager: gradients and trained weights checked byte for byte against ``none``, saved and
 peak activation bytes measured beside the prediction. ``--frontier`` sweeps budgets (10%..100%
 by default) and adds PyTorch's compiler-assisted remat, ``torch.compile`` with
 ``torch._functorch.config.activation_memory_budget`` at the same fractions
 (:mod:`torchref.compiled`; :meth:`parity.runners.framework.Framework.compiler_budget_points`), then writes
 ``frontier.png`` (recompute and measured step time, with its range, against measured peak activation).
-Each row says which plan to use (:mod:`parity.cli.plan_choice`; a time ratio marked noise never decides).
+The planner's plan and the uniform plan are then timed against each other, interleaved
+(:func:`parity.cli.plan_choice.paired_times`), and each row says which plan to use (:mod:`parity.cli.plan_choice`;
+a time ratio marked noise never decides).
 
 Writes ``plan.json`` (the suite report plus ``plan_rows``, one row per framework and budget, and
 ``compiled`` points), ``plan.md``, ``report.html`` (:mod:`parity.report.html`), and with ``--frontier`` ``frontier.png``. Exit codes: 0 every
@@ -60,8 +63,10 @@ TIMED_FAMILIES = ("gpt",)
 KINDS = ("budget", "best_uniform")
 """The two cases of each budget: the planner's plan, the best uniform plan (:mod:`parity.cases.budget_plan`)."""
 DEFAULT_FRONTIER = tuple(f"{p}%" for p in range(10, 101, 10))
-PLAN_SCHEMA_VERSION = 3
-"""plan.json schema: 3 adds to each plan row ``cost`` (``time`` or ``flops``), ``option_times`` (the measured
+PLAN_SCHEMA_VERSION = 4
+"""plan.json schema: 4 adds to each plan row ``paired`` (the two plans timed interleaved; ``time_vs_uniform`` is now
+their paired ratio) and, where candidates were timed whole, per plan ``candidates``, ``candidate_choice`` and
+``candidate_timing``; 3 adds to each plan row ``cost`` (``time`` or ``flops``), ``option_times`` (the measured
 block options, ms), each plan's ``predicted_step_time_s``, ``time_vs_uniform``, ``choice`` and ``choice_reason``;
 2 names the planner's cases ``budget(50%)`` (1: ``plan(50%)``), reads the plan of a case from ``plan``
 (report.json schema 6) and names each ``compiled`` point's ``framework``."""
@@ -275,11 +280,12 @@ def markdown(report: dict) -> str:
              "(re-planned with the target lowered by the overshoot when the measurement exceeds the budget: "
              "`tries`); `uniform`: the uniform plan of least cost predicted to fit, measured the same way. "
              "Recompute FLOPs are the menu's (XLA's cost analysis in JAX, FlopCounterMode in PyTorch). "
-             "`cost`: what both plans minimize (`time`: the blocks' measured times, `stack ms pred` their sum "
-             "for the plan; `flops`: the recompute FLOPs). "
+             "`cost`: what both plans minimize (`time`: measured time, in PyTorch the blocks' measured times, `stack ms "
+             "pred` their sum for the plan, in JAX candidate plans timed whole; `flops`: the recompute FLOPs). "
              f"`time/none` is `noise` where its range is wider than its distance from 1 ({TIME_NOTE}). `chosen`: "
              "the plan to use (`parity.cli.plan_choice.choose`: the planner's, unless its case failed or it measured "
-             "slower than the uniform plan beyond the noise; a noise ratio decides nothing).", "",
+             "slower than the uniform plan beyond the noise, the two timed against each other; a noise ratio decides "
+             "nothing).", "",
              md_table(COLUMNS, table_rows(report["plan_rows"])), "",
              *[f"- {r['framework']} {r['budget']}: {r.get('choice')} ({r.get('choice_reason')})"
                for r in report["plan_rows"]],
