@@ -217,10 +217,11 @@ class Framework(Protocol):
         """Saved and peak-activation bytes and step time of one forward+backward step (the depth sweep's case)."""
 
     def time_steps(self, cfg: "TransformerConfig", params: Mapping[str, np.ndarray], tokens: np.ndarray, plans,
-                   rounds: int) -> dict:
-        """``{plan name: [seconds, one per round]}``: each of ``plans``' training steps (forward and backward, no
-        optimizer step) timed interleaved with the others' (:func:`jaxremat.spec.option_time.time_rounds`, process
-        CPU time), so that the per-round ratios of two plans are paired (:func:`parity.checks.timing.ratio_spread`)."""
+                   rounds: int, min_sample_s: float = 0.1) -> dict:
+        """``{plan name: [seconds per step, one per round]}``: each of ``plans``' training steps (forward and backward,
+        no optimizer step) timed interleaved with the others' (:func:`jaxremat.spec.option_time.time_rounds`, process
+        CPU time, a sample of at least ``min_sample_s`` seconds of steps per plan and round), so that the per-round
+        ratios of two plans are paired (:func:`parity.checks.timing.ratio_spread`)."""
 
     def kept_names(self, cfg: "TransformerConfig", batch: int, seq: int, policy: "Policy") -> dict:
         """``{"kept", "offloaded", "tensors"}``: the activation names one checkpointed block keeps under ``policy``."""

@@ -85,16 +85,17 @@ class JaxFramework:
             out["peak_activation_source"] += "; device peaks: python -m parity.cases.gpu_pass"
         return out
 
-    def time_steps(self, cfg: TransformerConfig, params, tokens: np.ndarray, plans, rounds: int) -> dict:
+    def time_steps(self, cfg: TransformerConfig, params, tokens: np.ndarray, plans, rounds: int,
+                   min_sample_s: float = 0.1) -> dict:
         """Each plan's ``jit(value_and_grad(loss_fn))`` (:func:`parity.runners.jax_runner.compiled_step`: compiled once
         per model, shape and plan in a process, shared with the cases' runs), without dropout, timed interleaved over
-        ``rounds`` (:func:`jaxremat.spec.option_time.time_rounds`: process CPU time, samples of at least 20 ms):
-        ``{plan name: [seconds per step, one per round]}``."""
+        ``rounds`` (:func:`jaxremat.spec.option_time.time_rounds`: process CPU time, each sample at least
+        ``min_sample_s`` seconds of steps): ``{plan name: [seconds per step, one per round]}``."""
         p = {k: jnp.asarray(v) for k, v in params.items()}
         tok = jnp.asarray(tokens, dtype=jnp.int32)
         steps = {plan.name: jax_runner.compiled_step(cfg, plan, tuple(tok.shape), False) for plan in plans}
         calls = {name: (lambda c=c: jax.block_until_ready(c(p, tok, None))) for name, c in steps.items()}
-        return time_rounds(calls, rounds, min_sample_s=0.02)
+        return time_rounds(calls, rounds, min_sample_s=min_sample_s)
 
     def kept_names(self, cfg: TransformerConfig, batch: int, seq: int, policy: Policy) -> dict:
         """What one checkpointed block keeps: its non-argument saved residuals, each with its ``checkpoint_name``

@@ -83,10 +83,12 @@ class TorchFramework:
             counter="live_bytes", fixed=fixed)
         return {**memory_fields(memory), **timed(step, repeats)}
 
-    def time_steps(self, cfg: TransformerConfig, params, tokens: np.ndarray, plans, rounds: int) -> dict:
+    def time_steps(self, cfg: TransformerConfig, params, tokens: np.ndarray, plans, rounds: int,
+                   min_sample_s: float = 0.1) -> dict:
         """Each plan's eager step (forward and ``backward``), timed interleaved over ``rounds`` on one intra-op thread
         (as :mod:`torchref.block_time`; restored after) by :func:`jaxremat.spec.option_time.time_rounds` (process
-        CPU time, samples of at least 20 ms): ``{plan name: [seconds per step, one per round]}``."""
+        CPU time, each sample at least ``min_sample_s`` seconds of steps): ``{plan name: [seconds per step, one per
+        round]}``."""
         model = GPT.from_params(cfg, params)
         tok = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
 
@@ -97,7 +99,7 @@ class TorchFramework:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return time_rounds({p.name: (lambda p=p: step(p)) for p in plans}, rounds, min_sample_s=0.02)
+            return time_rounds({p.name: (lambda p=p: step(p)) for p in plans}, rounds, min_sample_s=min_sample_s)
         finally:
             torch.set_num_threads(threads)
 
