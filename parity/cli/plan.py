@@ -87,9 +87,10 @@ def add_parser(sub) -> None:
                    help="compile the torch.compile points with inductor (minutes per budget here) instead of "
                    "aot_eager_decomp_partition (the same partitioner, seconds)")
     p.add_argument("--cost", choices=COSTS, default=None,
-                   help="what the planner (and the best uniform plan) minimize: time, each block option's forward and "
-                   "backward time measured once per shape in each framework (the default for a GPT), or flops, the "
-                   "recompute FLOPs (the default for a model whose blocks are not timed)")
+                   help="what the planner (and the best uniform plan) minimize: time, measured once per shape (the "
+                   "default for a GPT: in PyTorch each block option's forward and backward time, in JAX a handful of "
+                   "candidate plans timed whole), or flops, the recompute FLOPs (the default for a model whose blocks "
+                   "are not timed)")
     p.add_argument("--model", default="gpt-small",
                    help="model preset: " + ", ".join(PRESETS) + " (budget plans run dropout 0; --frontier: a GPT one)")
     p.add_argument("--batch-size", type=ascii_int, default=None, help="B, sequences per step (default: the model's)")

@@ -2,8 +2,8 @@
 
 For one framework, model and budget, the candidate plans of :func:`parity.cases.budget_plan.candidate_plans`
 on the FLOPs chain and on the chain of block options timed on short segments (``planner_chain(...,
-cost="time")``): the planner's plan on each cost, on a menu of ``store`` and one option, and the uniform plans
-of least cost that fit. Their training steps are timed interleaved (:func:`parity.cases.plan_timing.time_plans`,
+cost="time")``): the planner's plan on each cost, the uniform plan of least cost on each, and ``full`` under each
+option of the menu that fits. Their training steps are timed interleaved (:func:`parity.cases.plan_timing.time_plans`,
 process CPU time), and each is printed with its paired ratio, median [min-max] over rounds, to the planner's
 plan on each cost and to the best uniform plan on each cost. It tells which way of choosing a plan (the FLOPs
 model, the segment-time model, or timing the candidates whole) gives the fastest plan (docs/planner.md).
