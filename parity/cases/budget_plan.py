@@ -10,9 +10,15 @@ with no policy or one of the menu's policies, predicted by the same menu and cha
 ``plan(...)`` is always a segment plan (:mod:`jaxremat.spec.segment_plan`); the budget's old
 spelling ``plan(50%)`` is refused with a message naming ``budget(50%)``.
 
-"Least recompute" is the suite's ``planner_cost``: recompute FLOPs (``"flops"``), or time (``"time"``:
-each block option's forward and backward time measured by the framework once per model and shape,
-:mod:`jaxremat.block_time`, :mod:`torchref.block_time`); the uniform plan is chosen on the same cost.
+"Least recompute" is the suite's ``planner_cost``: recompute FLOPs (``"flops"``), or time (``"time"``). How
+time is measured is the framework's :attr:`parity.runners.framework.FrameworkInfo.time_cost`: ``"segments"``
+(PyTorch), each block option's forward and backward time measured once per model and shape
+(:mod:`torchref.block_time`) and summed by the planner; ``"plans"`` (JAX, where block times measured on short
+segments do not add up to a compiled stack's), a handful of candidate plans (:func:`candidate_plans`: the
+planner's plan on the FLOPs chain, the least-recompute uniform plan and ``full`` under each option that fit)
+compiled and timed whole, interleaved, the fastest beyond the noise chosen
+(:func:`parity.cases.plan_timing.fastest`), else the FLOPs model's. The uniform plan is chosen the same way
+among the uniform candidates.
 
 A budget plan is resolved when its case runs, once ``none`` has been measured:
 
@@ -48,9 +54,10 @@ from jaxremat.spec.planner import (Budget, NoPlanFits, chain_costs, chain_time_s
 from jaxremat.spec.policies import parse_policy
 from jaxremat.spec.schedules import parse_schedule
 
+from parity.cases.plan_timing import PlanTimes, fastest
 from parity.runners.framework import get_framework
 
-__all__ = ["BudgetRequest", "MAX_ATTEMPTS", "Resolution", "choose_plan", "parse_case_plan", "resolve", "uniform_candidates"]
+__all__ = ["BudgetRequest", "MAX_ATTEMPTS", "Resolution", "candidate_plans", "choose_plan", "parse_case_plan", "resolve", "uniform_candidates"]
 
 MAX_ATTEMPTS = 4
 """Plans tried per budget case before the last is reported (module docstring, step 3)."""
@@ -156,44 +163,110 @@ def uniform_candidates(n_layer: int, policies) -> list[RematPlan]:
     return out
 
 
-def choose_plan(request: BudgetRequest, chain: dict, n: int, target: int, min_len: int = 1,
-            cost: str = "flops") -> tuple[RematPlan, dict]:
-    """The plan for ``target`` bytes (whole-step peak activation) of least ``cost``, and its predictions
-    (``predicted_stack_step_time_s``: the stack's predicted step time, with ``cost="time"``)."""
-    fixed = chain["fixed_bytes"]
-    opts, bnd, inv = chain["options_per_block"], chain["boundary_bytes"], chain["invariant_bytes"]
-    timed = {"predicted_stack_step_time_s": None}
-    if request.kind == "budget":
-        try:
-            r = plan_for_budget(opts, max(0, target - fixed), bnd, inv, min_checkpoint_length=min_len, cost=cost)
-        except NoPlanFits as exc:
-            raise NoPlanFits(target, exc.min_peak_bytes + fixed, exc.min_peak_plan) from None
-        return RematPlan(r.plan), {"predicted_peak_activation_bytes": r.peak_bytes + fixed,
-                                   "predicted_stack_saved_bytes": r.saved_bytes, "recompute_flops": r.recompute_flops,
-                                   "predicted_stack_step_time_s": r.step_time_s}
+def _planned(chain: dict, target: int, min_len: int, cost: str) -> tuple[RematPlan, dict]:
+    """The planner's plan for ``target`` bytes (whole-step peak activation) on ``chain``, and its predictions."""
+    fixed, opts = chain["fixed_bytes"], chain["options_per_block"]
+    try:
+        r = plan_for_budget(opts, max(0, target - fixed), chain["boundary_bytes"], chain["invariant_bytes"],
+                            min_checkpoint_length=min_len, cost=cost)
+    except NoPlanFits as exc:
+        raise NoPlanFits(target, exc.min_peak_bytes + fixed, exc.min_peak_plan) from None
+    return RematPlan(r.plan), {"predicted_peak_activation_bytes": r.peak_bytes + fixed,
+                               "predicted_stack_saved_bytes": r.saved_bytes, "recompute_flops": r.recompute_flops,
+                               "predicted_stack_step_time_s": r.step_time_s}
+
+
+def _uniform_fits(chain: dict, n: int, target: int, min_len: int, cost: str) -> list[tuple[RematPlan, dict]]:
+    """Every uniform plan predicted to fit ``target`` bytes, least ``cost`` first (then least peak)."""
+    fixed, opts = chain["fixed_bytes"], chain["options_per_block"]
     names = [o.name for o in opts[0]]
-    best = None
+    fits = []
     for plan in uniform_candidates(n, [m for m in names if m != "store"]):
         segs = _uniform_segments(plan, n)
         if any(o != "store" and length < min_len for length, o in segs):
             continue  # outside the space the planner searches too
-        peak, flops, saved = chain_costs(opts, segs, bnd, inv)
-        key = (chain_time_s(opts, segs) if cost == "time" else flops, peak)
-        if peak + fixed <= target and (best is None or key < best[0]):
-            best = (key, plan, saved, flops)
-    if best is None:
-        least, least_plan = min_peak_plan(opts, bnd, inv, min_checkpoint_length=min_len)
-        raise NoPlanFits(target, least + fixed, least_plan)
-    (value, peak), plan, saved, flops = best
-    if cost == "time":
-        timed["predicted_stack_step_time_s"] = value
-    return plan, {"predicted_peak_activation_bytes": peak + fixed, "predicted_stack_saved_bytes": saved,
-                  "recompute_flops": flops, **timed}
+        peak, flops, saved = chain_costs(opts, segs, chain["boundary_bytes"], chain["invariant_bytes"])
+        if peak + fixed <= target:
+            t = chain_time_s(opts, segs) if cost == "time" else None
+            fits.append(((flops if t is None else t, peak), plan, {
+                "predicted_peak_activation_bytes": peak + fixed, "predicted_stack_saved_bytes": saved,
+                "recompute_flops": flops, "predicted_stack_step_time_s": t}))
+    return [(plan, pred) for _, plan, pred in sorted(fits, key=lambda f: f[0])]
+
+
+def choose_plan(request: BudgetRequest, chain: dict, n: int, target: int, min_len: int = 1,
+            cost: str = "flops") -> tuple[RematPlan, dict]:
+    """The plan for ``target`` bytes (whole-step peak activation) of least ``cost``, and its predictions
+    (``predicted_stack_step_time_s``: the stack's predicted step time, with ``cost="time"``)."""
+    if request.kind == "budget":
+        return _planned(chain, target, min_len, cost)
+    fits = _uniform_fits(chain, n, target, min_len, cost)
+    if not fits:
+        least, least_plan = min_peak_plan(chain["options_per_block"], chain["boundary_bytes"], chain["invariant_bytes"],
+                                          min_checkpoint_length=min_len)
+        raise NoPlanFits(target, least + chain["fixed_bytes"], least_plan)
+    return fits[0]
+
+
+def candidate_plans(chains: dict, n: int, target: int, min_len: int = 1) -> dict[str, list[tuple[RematPlan, dict]]]:
+    """The plans timed whole for ``target`` bytes, per case kind, the model's choice first (each with its
+    predictions and ``sources``: why it is a candidate).
+
+    ``chains``: ``{cost: chain}``, the model's cost first. ``best_uniform``: the uniform plan of least cost on
+    each chain, and ``full`` under each checkpoint option of the first chain's menu that fits (every block its
+    own segment: recompute fused into each block's backward, the fastest uniform plan measured on XLA:CPU,
+    docs/time.md); ``budget``: the planner's plan on each chain, then every ``best_uniform`` candidate (the
+    planner's space holds them).
+
+    Raises:
+        jaxremat.spec.planner.NoPlanFits: no plan of the space fits (the first chain's least peak).
+    """
+    out: dict[str, dict] = {"budget": {}, "best_uniform": {}}
+
+    def add(kind, plan, pred, source):
+        got = out[kind].setdefault(plan.name, (plan, {**pred, "sources": []}))
+        got[1]["sources"].append(source)
+
+    first = next(iter(chains.values()))
+    for cost, chain in chains.items():
+        add("budget", *_planned(chain, target, min_len, cost), f"planner ({cost})")
+        fits = _uniform_fits(chain, n, target, min_len, cost)
+        if fits:
+            add("best_uniform", *fits[0], f"best uniform ({cost})")
+        if chain is first:
+            full = [(p, d) for p, d in fits if all(s.checkpointed and s.length == 1 for s in p.segments_for(n))]
+            for plan, pred in full:
+                add("best_uniform", plan, pred, f"full, {plan.policy.name}")
+    if not out["best_uniform"]:
+        least, least_plan = min_peak_plan(first["options_per_block"], first["boundary_bytes"], first["invariant_bytes"],
+                                          min_checkpoint_length=min_len)
+        raise NoPlanFits(target, least + first["fixed_bytes"], least_plan)
+    for name, (plan, pred) in out["best_uniform"].items():
+        for source in pred["sources"]:
+            add("budget", plan, pred, source)
+    return {kind: list(got.values()) for kind, got in out.items()}
+
+
+def _timed_choice(request: BudgetRequest, chain: dict, n: int, target: int, min_len: int,
+                  time_plans: Callable) -> tuple[RematPlan, dict]:
+    """The fastest candidate of ``request``'s kind, measured (:func:`candidate_plans` on the FLOPs chain, every
+    candidate of both kinds timed in one interleaved run), with ``candidates`` and ``choice_reason`` added."""
+    cands = candidate_plans({"flops": chain}, n, target, min_len)
+    mine = cands[request.kind]
+    timing = time_plans([p for p, _ in {p.name: (p, d) for p, d in cands["budget"] + mine}.values()])
+    model = mine[0][0].name
+    name, why = fastest(timing, model, [p.name for p, _ in mine])
+    plan, pred = next((p, d) for p, d in mine if p.name == name)
+    rows = [{"plan": p.name, "sources": d["sources"], "recompute_flops": d["recompute_flops"],
+             "predicted_peak_activation_bytes": d["predicted_peak_activation_bytes"], "step_ms": timing.step_ms(p.name),
+             "vs_model_choice": timing.ratio(p.name, model).as_dict()} for p, d in mine]
+    return plan, {**{k: v for k, v in pred.items() if k != "sources"}, "choice_reason": why, "candidates": rows,
+                  "timing": {"rounds": timing.rounds, "load_1min": list(timing.load_1min)}}
 
 
 def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, ref, run: Callable[[RematPlan], object],
             *, policies=None, predicted_none: int | None = None, min_checkpoint_length: int = 1,
-            cost: str = "flops") -> Resolution:
+            cost: str = "flops", time_plans: Callable[[list], PlanTimes] | None = None) -> Resolution:
     """Choose, run and if need be re-choose the plan of a budget case (module docstring).
 
     Args:
@@ -207,7 +280,11 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
         min_checkpoint_length: the shortest checkpointed segment of the space, for the planner
             and the uniform plans alike (:func:`jaxremat.spec.planner.plan_for_budget`).
         cost: what the plan minimizes, the planner's and the uniform plan's alike: ``"flops"`` or
-            ``"time"`` (each option measured by the framework, ``planner_chain(..., cost="time")``).
+            ``"time"``: each option measured by the framework (``planner_chain(..., cost="time")``), or, for a
+            framework whose :attr:`parity.runners.framework.FrameworkInfo.time_cost` is ``"plans"``, whole
+            candidate plans timed (:func:`candidate_plans`, chosen by :func:`parity.cases.plan_timing.fastest`).
+        time_plans: ``plans -> PlanTimes``, the candidates' steps timed interleaved
+            (:func:`parity.cases.plan_timing.time_plans` on the case's model and batch); needed for whole plans.
 
     Raises:
         jaxremat.spec.planner.NoPlanFits: no plan of the space is predicted to fit the (offset) budget.
@@ -216,9 +293,13 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
     measured_none = ref.memory.peak_activation_bytes if ref.memory is not None else None
     if not measured_none:
         raise ValueError("none's peak activation bytes were not measured; a budget plan needs them")
+    fw = get_framework(framework)
     if policies is None:
-        policies = get_framework(framework).default_menu()
-    chain = get_framework(framework).planner_chain(cfg, batch, seq, tuple(policies), cost)
+        policies = fw.default_menu()
+    whole = cost == "time" and fw.info.time_cost == "plans"
+    if whole and time_plans is None:
+        raise ValueError(f"{fw.info.label} times whole candidate plans for cost 'time': pass time_plans")
+    chain = fw.planner_chain(cfg, batch, seq, tuple(policies), "flops" if whole else cost)
     n = cfg.n_layer
     if predicted_none is None:
         predicted_none = chain["fixed_bytes"] + chain_costs(chain["options_per_block"], [(n, "store")],
@@ -231,7 +312,8 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
     last = None
     for _ in range(MAX_ATTEMPTS):
         try:
-            plan, pred = choose_plan(request, chain, n, target, min_checkpoint_length, cost)
+            plan, pred = (_timed_choice(request, chain, n, target, min_checkpoint_length, time_plans) if whole
+                          else choose_plan(request, chain, n, target, min_checkpoint_length, cost))
         except NoPlanFits as exc:
             if not attempts:
                 need = exc.min_peak_bytes + offset
@@ -263,5 +345,5 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
         error = measured - raw
         target = budget - max(offset, error) if error > offset else target - (measured - budget)
         offset = max(offset, error)
-    times = times_table(chain["option_times"]) if cost == "time" else None
+    times = times_table(chain["option_times"]) if "option_times" in chain else None
     return Resolution(last[0], last[1], budget, tuple(attempts), none_offset, cost, times)

@@ -21,6 +21,7 @@ from jaxremat.spec.policies import POLICIES
 from parity.cases import stress
 from parity.cases.budget_plan import BudgetRequest, parse_case_plan, resolve
 from parity.cases.loop import Callbacks, run_cases
+from parity.cases.plan_timing import time_plans
 from parity.cases.record import fill_case, new_case
 from parity.checks.compare import cross_row
 from parity.checks.names import check_kept_names
@@ -181,6 +182,14 @@ class _SuiteCases:
     names_cache: dict = dataclasses.field(default_factory=dict)
     refs: dict = dataclasses.field(default_factory=dict)  # (framework, mode) -> none's run
     resolved: dict = dataclasses.field(default_factory=dict)  # (framework, budget case) -> its Resolution
+    timings: dict = dataclasses.field(default_factory=dict)  # (framework, plan names) -> their PlanTimes
+
+    def time_plans(self, framework, plans):
+        """The plans' steps timed interleaved (:func:`parity.cases.plan_timing.time_plans`), once per set of plans."""
+        key = (framework, frozenset(p.name for p in plans))
+        if key not in self.timings:
+            self.timings[key] = time_plans(framework, self.cfg, self.params, self.tokens, plans)
+        return self.timings[key]
 
     def new_case(self, framework, mode, name, plan):
         if isinstance(plan, BudgetRequest):  # what the plan predicts is filled in once it is chosen
@@ -215,7 +224,7 @@ class _SuiteCases:
         r = resolve(plan, framework, self.cfg, B, T, self.refs[(framework, mode)],
                     lambda p: self._run(framework, mode, p, again=False),
                     min_checkpoint_length=self.suite.preset.min_checkpoint_length.get(framework, 1),
-                    cost=self.suite.planner_cost)
+                    cost=self.suite.planner_cost, time_plans=lambda plans: self.time_plans(framework, plans))
         self.resolved[key] = r
         return _Planned(r, r.result)
 

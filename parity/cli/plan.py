@@ -3,15 +3,18 @@
 For each budget (``--budget 50%``: of ``none``'s measured peak activation bytes in each
 framework; or bytes, ``--budget 12MiB``) the suite runs three cases per framework -- ``none``,
 ``budget(BUDGET)`` (the planner) and ``best_uniform(BUDGET)`` (the uniform plan of least cost
-that fits; ``--cost time``, the default for a GPT: each block option's measured time, ``--cost flops``: the
-recompute FLOPs) -- through the one case loop (:mod:`parity.cases.budget_plan`), JAX under ``jit`` and
+that fits; ``--cost time``, the default for a GPT: measured time -- in PyTorch each block option's, in JAX a
+handful of candidate plans timed whole (:attr:`parity.runners.framework.FrameworkInfo.time_cost`) --, ``--cost
+flops``: the recompute FLOPs) -- through the one case loop (:mod:`parity.cases.budget_plan`), JAX under ``jit`` and
 PyTorch eager: gradients and trained weights checked byte for byte against ``none``, saved and
 peak activation bytes measured beside the prediction. ``--frontier`` sweeps budgets (10%..100%
 by default) and adds PyTorch's compiler-assisted remat, ``torch.compile`` with
 ``torch._functorch.config.activation_memory_budget`` at the same fractions
 (:mod:`torchref.compiled`; :meth:`parity.runners.framework.Framework.compiler_budget_points`), then writes
 ``frontier.png`` (recompute and measured step time, with its range, against measured peak activation).
-Each row says which plan to use (:mod:`parity.cli.plan_choice`; a time ratio marked noise never decides).
+The planner's plan and the uniform plan are then timed against each other, interleaved
+(:func:`parity.cli.plan_choice.paired_times`), and each row says which plan to use (:mod:`parity.cli.plan_choice`;
+a time ratio marked noise never decides).
 
 Writes ``plan.json`` (the suite report plus ``plan_rows``, one row per framework and budget, and
 ``compiled`` points), ``plan.md``, ``report.html`` (:mod:`parity.report.html`), and with ``--frontier`` ``frontier.png``. Exit codes: 0 every
@@ -39,7 +42,8 @@ from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.cli.budget import check_fits, run_estimate
 from parity.cli.checks import out_path, unique_items
-from parity.cli.plan_choice import choose, options_markdown, time_vs_uniform
+from parity.cli.plan_choice import (candidates_markdown, choose, options_markdown, paired_markdown, paired_times,
+                                   time_vs_uniform)
 from parity.cli.command import checked, claimed, make_console
 from parity.cli.util import ascii_int
 from parity.inputs.model_preset import with_shape
@@ -59,8 +63,10 @@ TIMED_FAMILIES = ("gpt",)
 KINDS = ("budget", "best_uniform")
 """The two cases of each budget: the planner's plan, the best uniform plan (:mod:`parity.cases.budget_plan`)."""
 DEFAULT_FRONTIER = tuple(f"{p}%" for p in range(10, 101, 10))
-PLAN_SCHEMA_VERSION = 3
-"""plan.json schema: 3 adds to each plan row ``cost`` (``time`` or ``flops``), ``option_times`` (the measured
+PLAN_SCHEMA_VERSION = 4
+"""plan.json schema: 4 adds to each plan row ``paired`` (the two plans timed interleaved; ``time_vs_uniform`` is now
+their paired ratio) and, where candidates were timed whole, per plan ``candidates``, ``candidate_choice`` and
+``candidate_timing``; 3 adds to each plan row ``cost`` (``time`` or ``flops``), ``option_times`` (the measured
 block options, ms), each plan's ``predicted_step_time_s``, ``time_vs_uniform``, ``choice`` and ``choice_reason``;
 2 names the planner's cases ``budget(50%)`` (1: ``plan(50%)``), reads the plan of a case from ``plan``
 (report.json schema 6) and names each ``compiled`` point's ``framework``."""
@@ -81,9 +87,10 @@ def add_parser(sub) -> None:
                    help="compile the torch.compile points with inductor (minutes per budget here) instead of "
                    "aot_eager_decomp_partition (the same partitioner, seconds)")
     p.add_argument("--cost", choices=COSTS, default=None,
-                   help="what the planner (and the best uniform plan) minimize: time, each block option's forward and "
-                   "backward time measured once per shape in each framework (the default for a GPT), or flops, the "
-                   "recompute FLOPs (the default for a model whose blocks are not timed)")
+                   help="what the planner (and the best uniform plan) minimize: time, measured once per shape (the "
+                   "default for a GPT: in PyTorch each block option's forward and backward time, in JAX a handful of "
+                   "candidate plans timed whole), or flops, the recompute FLOPs (the default for a model whose blocks "
+                   "are not timed)")
     p.add_argument("--model", default="gpt-small",
                    help="model preset: " + ", ".join(PRESETS) + " (budget plans run dropout 0; --frontier: a GPT one)")
     p.add_argument("--batch-size", type=ascii_int, default=None, help="B, sequences per step (default: the model's)")
@@ -141,8 +148,9 @@ def plan_suite_from_args(args):
     return suite, budgets
 
 
-def plan_rows(report: dict, budgets) -> list[dict]:
-    """One row per framework and budget: the planner's case beside the best uniform plan's."""
+def plan_rows(report: dict, budgets, suite=None) -> list[dict]:
+    """One row per framework and budget: the planner's case beside the best uniform plan's; with ``suite``, the
+    two plans' steps timed against each other (:func:`parity.cli.plan_choice.paired_times`) before the choice."""
     by = {(c["framework"], c["plan"]): c for c in report["cases"]}
     rows = []
     for fw in dict.fromkeys(c["framework"] for c in report["cases"]):
@@ -162,16 +170,29 @@ def plan_rows(report: dict, budgets) -> list[dict]:
                     "weights_bitwise_equal": c.get("weights_bitwise_equal"),
                     "recompute_flops": c.get("planned_recompute_flops"), "time_overhead": c.get("time_overhead"),
                     "time_overhead_range": c.get("time_overhead_range"), "attempts": len(c.get("budget_attempts") or []),
-                    "predicted_step_time_s": c.get("planned_step_time_s")}
+                    "predicted_step_time_s": c.get("planned_step_time_s"),
+                    **_candidates(c)}
             pf = (row["planner"] or {}).get("recompute_flops")
             uf = (row["uniform"] or {}).get("recompute_flops")
             row["recompute_vs_uniform"] = (None if pf is None or uf is None else
                                            "less" if pf < uf else "equal" if pf == uf else "more")
-            t = time_vs_uniform(row)
-            row["time_vs_uniform"] = None if t is None else t.as_dict()
-            row["choice"], row["choice_reason"] = choose(row)
             rows.append(row)
+    if suite is not None:
+        paired_times(suite, rows)
+    for row in rows:
+        t = time_vs_uniform(row)
+        row["time_vs_uniform"] = None if t is None else t.as_dict()
+        row["choice"], row["choice_reason"] = choose(row)
     return rows
+
+
+def _candidates(case: dict) -> dict:
+    """The candidates a case's last plan was chosen from, timed whole (:func:`parity.cases.budget_plan.candidate_plans`)."""
+    last = (case.get("budget_attempts") or [{}])[-1]
+    if not last.get("candidates"):
+        return {}
+    return {"candidates": last["candidates"], "candidate_choice": last.get("choice_reason"),
+            "candidate_timing": last.get("timing")}
 
 
 NO_FIT = "NoPlanFits"
@@ -260,14 +281,16 @@ def markdown(report: dict) -> str:
              "(re-planned with the target lowered by the overshoot when the measurement exceeds the budget: "
              "`tries`); `uniform`: the uniform plan of least cost predicted to fit, measured the same way. "
              "Recompute FLOPs are the menu's (XLA's cost analysis in JAX, FlopCounterMode in PyTorch). "
-             "`cost`: what both plans minimize (`time`: the blocks' measured times, `stack ms pred` their sum "
-             "for the plan; `flops`: the recompute FLOPs). "
+             "`cost`: what both plans minimize (`time`: measured time, in PyTorch the blocks' measured times, `stack ms "
+             "pred` their sum for the plan, in JAX candidate plans timed whole; `flops`: the recompute FLOPs). "
              f"`time/none` is `noise` where its range is wider than its distance from 1 ({TIME_NOTE}). `chosen`: "
              "the plan to use (`parity.cli.plan_choice.choose`: the planner's, unless its case failed or it measured "
-             "slower than the uniform plan beyond the noise; a noise ratio decides nothing).", "",
+             "slower than the uniform plan beyond the noise, the two timed against each other; a noise ratio decides "
+             "nothing).", "",
              md_table(COLUMNS, table_rows(report["plan_rows"])), "",
              *[f"- {r['framework']} {r['budget']}: {r.get('choice')} ({r.get('choice_reason')})"
                for r in report["plan_rows"]],
+             *paired_markdown(report["plan_rows"]), *candidates_markdown(report["plan_rows"]),
              *options_markdown(report["plan_rows"])]
     if report.get("compiled"):
         parts += ["", "## torch.compile with activation_memory_budget (PyTorch's own compiler-assisted remat)", "",
@@ -339,7 +362,7 @@ def _plan(args, suite, budgets, console, claim, env) -> int:
 
     try:
         report = run_suite(suite, on_start=on_start, on_partial=partial)
-        report["plan_rows"] = plan_rows(report, budgets)
+        report["plan_rows"] = plan_rows(report, budgets, suite)
         report["compiled"] = []
         if args.frontier:
             report["compiled"] = _compiled_points(suite, budgets, "inductor" if args.inductor else

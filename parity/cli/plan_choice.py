@@ -1,28 +1,57 @@
-"""The plan command's choice per budget, and its tables of measured block-option times.
+"""The plan command's choice per budget, the paired timing it rests on, and its tables of measured times.
 
 For each framework and budget ``python -m parity plan`` measures two plans, the planner's and the best
-uniform one. :func:`choose` says which to use: the planner's plan (the least cost of its model over a
-space holding every uniform plan), unless its case failed, or the measured step times say, beyond
+uniform one. :func:`paired_times` times their training steps against each other, interleaved
+(:func:`parity.cases.plan_timing.time_plans`, :data:`PAIR_ROUNDS` rounds), so that their ratio carries its
+real spread. :func:`choose` says which to use: the planner's plan (the least cost of its model over a
+space holding every uniform plan), unless its case failed, or the paired step times say, beyond
 their noise, that the uniform plan is faster. A time ratio marked noise
 (:attr:`parity.checks.timing.RatioSpread.noise`) never decides: the choice then follows the model.
 """
 
 from __future__ import annotations
 
-from parity.checks.timing import ratio_between
+from jaxremat.spec.plan import parse_plan
+
+from parity.cases.plan_timing import time_plans
+from parity.checks.timing import RatioSpread
+from parity.inputs.pretrained import preset_inputs
 from parity.report.format import md_table
 
-__all__ = ["OPTION_COLUMNS", "choose", "option_rows", "options_markdown", "time_vs_uniform"]
+__all__ = ["CANDIDATE_COLUMNS", "OPTION_COLUMNS", "PAIRED_COLUMNS", "PAIR_ROUNDS", "candidate_rows",
+           "candidates_markdown", "choose", "option_rows", "options_markdown", "paired_markdown", "paired_times",
+           "time_vs_uniform"]
+
+PAIR_ROUNDS = 9
+"""Interleaved rounds of the planner's plan against the uniform plan (>= 7)."""
 
 
-def time_vs_uniform(row: dict):
-    """The planner's measured step time over the uniform plan's (a :class:`parity.checks.timing.RatioSpread`
-    from their ratios to ``none`` and ranges), or None where either was not timed."""
-    p, u = row.get("planner") or {}, row.get("uniform") or {}
-    if not p.get("time_overhead") or not u.get("time_overhead"):
-        return None
-    return ratio_between(p["time_overhead"], p.get("time_overhead_range"), u["time_overhead"],
-                         u.get("time_overhead_range"))
+def paired_times(suite, rows: list[dict], rounds: int = PAIR_ROUNDS) -> None:
+    """Set each row's ``paired``: the planner's and the uniform plan's steps timed interleaved (``plans``,
+    ``rounds``, ``load_1min``, ``step_ms``, ``ratio``: planner over uniform, a
+    :meth:`parity.checks.timing.RatioSpread.as_dict`); ``{"same_plan": True}`` where both are one plan; None
+    where a case did not pass."""
+    cfg = params = tokens = None
+    for row in rows:
+        p, u = row.get("planner") or {}, row.get("uniform") or {}
+        row["paired"] = None
+        if p.get("status") != "pass" or u.get("status") != "pass":
+            continue
+        if p["plan"] == u["plan"]:
+            row["paired"] = {"same_plan": True, "plans": [p["plan"], u["plan"]]}
+            continue
+        if cfg is None:
+            cfg, params, tokens = preset_inputs(suite.preset, "float32", suite.seed)
+        t = time_plans(row["framework"], cfg, params, tokens, [parse_plan(p["plan"]), parse_plan(u["plan"])], rounds)
+        row["paired"] = {"plans": [p["plan"], u["plan"]], "rounds": t.rounds, "load_1min": list(t.load_1min),
+                         "step_ms": t.as_dict()["step_ms"], "ratio": t.ratio(p["plan"], u["plan"]).as_dict()}
+
+
+def time_vs_uniform(row: dict) -> RatioSpread | None:
+    """The planner's step time over the uniform plan's, paired (:func:`paired_times`), or None where they were not
+    timed against each other (a case failed, or both are one plan)."""
+    r = (row.get("paired") or {}).get("ratio")
+    return None if r is None else RatioSpread(r["median"], r["min"], r["max"], r["rounds"])
 
 
 def choose(row: dict) -> tuple[str, str]:
@@ -34,14 +63,16 @@ def choose(row: dict) -> tuple[str, str]:
     if u.get("status") != "pass":
         return "planner", f"the uniform case is {u.get('status') or 'missing'}"
     cost = row.get("cost") or "flops"
+    if (row.get("paired") or {}).get("same_plan"):
+        return "planner", "the same plan as the uniform one"
     t = time_vs_uniform(row)
     if t is None:
-        return "planner", f"no step times; by the {cost} model"
+        return "planner", f"no paired step times; by the {cost} model"
     if t.noise:
-        return "planner", f"measured time/uniform {t.text()}: noise decides nothing; by the {cost} model"
+        return "planner", f"paired time/uniform {t.text(3)}: noise decides nothing; by the {cost} model"
     if t.median > 1:
-        return "uniform", f"measured slower than the uniform plan: {t.text()}"
-    return "planner", f"measured no slower than the uniform plan: {t.text()}"
+        return "uniform", f"measured slower than the uniform plan (paired): {t.text(3)}"
+    return "planner", f"measured no slower than the uniform plan (paired): {t.text(3)}"
 
 
 OPTION_COLUMNS = ("framework", "option", "forward ms/block", "backward ms/block (recompute incl.)", "segment ms",
@@ -77,3 +108,63 @@ def options_markdown(rows: list[dict]) -> list[str]:
             "block the slope, per segment the intercept; medians [min-max] over rounds. The planner minimizes "
             "`step ms/block` summed over the blocks plus `segment ms` per segment (negative medians count as 0).",
             "", md_table(OPTION_COLUMNS, table)]
+
+
+PAIRED_COLUMNS = ("framework", "budget", "planner plan", "uniform plan", "planner step ms", "uniform step ms",
+                  "planner / uniform (paired)", "rounds", "load")
+
+
+def paired_markdown(rows: list[dict]) -> list[str]:
+    """plan.md's section on the planner's plan timed against the uniform plan (empty when no pair was timed)."""
+    table = []
+    for r in rows:
+        pr = r.get("paired") or {}
+        if pr.get("same_plan"):
+            table.append([r["framework"], r["budget"], pr["plans"][0], pr["plans"][1], "-", "-", "the same plan", "-", "-"])
+        elif pr.get("ratio"):
+            t, (a, b) = time_vs_uniform(r), pr["plans"]
+            loads = "-".join("-" if x is None else f"{x:.1f}" for x in pr["load_1min"])
+            table.append([r["framework"], r["budget"], a, b, _ms(pr["step_ms"][a]), _ms(pr["step_ms"][b]), t.text(3),
+                          str(pr["rounds"]), loads])
+    if not table:
+        return []
+    return ["", "## The planner's plan against the uniform plan, paired", "",
+            "Both plans' training steps timed interleaved in one run (`parity.cli.plan_choice.paired_times`: process "
+            "CPU time, medians [min-max] over rounds; the ratio is the median of per-round ratios, `noise` where its "
+            "spread is wider than its distance from 1; load: the 1-minute load average before and after).", "",
+            md_table(PAIRED_COLUMNS, table)]
+
+
+CANDIDATE_COLUMNS = ("framework", "budget", "case", "candidate", "why a candidate", "recompute FLOPs", "step ms",
+                     "vs the model's choice (paired)", "chosen")
+
+
+def candidate_rows(rows: list[dict]) -> list[list[str]]:
+    """One row per candidate timed whole for a case (its last attempt's ``candidates``)."""
+    out = []
+    for r in rows:
+        for who in ("planner", "uniform"):
+            for c in (r.get(who) or {}).get("candidates") or ():
+                v = c["vs_model_choice"]
+                out.append([r["framework"], r["budget"], who, c["plan"], "; ".join(c["sources"]),
+                            f"{c['recompute_flops'] / 1e6:.1f} M", _ms(c["step_ms"]),
+                            RatioSpread(v["median"], v["min"], v["max"], v["rounds"]).text(3),
+                            "yes" if c["plan"] == r[who]["plan"] else ""])
+    return out
+
+
+def candidates_markdown(rows: list[dict]) -> list[str]:
+    """plan.md's section on the candidate plans timed whole (empty when none were)."""
+    table = candidate_rows(rows)
+    if not table:
+        return []
+    timings = [(r.get(who) or {}).get("candidate_timing") for r in rows for who in ("planner", "uniform")]
+    loads = sorted({x for t in timings if t for x in t["load_1min"] if x is not None})
+    rounds = {t["rounds"] for t in timings if t}
+    return ["", "## Candidate plans, timed whole (the time cost)", "",
+            f"Each case's candidates (`parity.cases.budget_plan.candidate_plans`) compiled once and their training "
+            f"steps timed interleaved over {', '.join(map(str, sorted(rounds)))} rounds (process CPU time; load "
+            f"{loads[0] if loads else '-'}-{loads[-1] if loads else '-'}); `vs the model's choice`: the median of "
+            "per-round ratios to the first candidate, [min-max]. The fastest is chosen when it beats the model's "
+            "choice beyond the noise (`parity.cases.plan_timing.fastest`); the planner's candidates include the "
+            "uniform ones.", "", md_table(CANDIDATE_COLUMNS, table)]

@@ -52,6 +52,11 @@ class FrameworkInfo:
             term scale of the cross-framework rows is computed by its loss function).
         cannot_keep: activation names a policy of this framework cannot keep (PyTorch replays a
             checkpointed segment from its start, so ``block_input`` is never a cached output).
+        time_cost: how the planner's time cost (``--cost time``) is measured: ``"segments"``, each block option
+            timed on short segments and summed over a plan (:func:`jaxremat.spec.planner.plan_for_budget`'s
+            ``cost="time"``); ``"plans"``, a handful of candidate plans timed whole, the fastest chosen
+            (:func:`parity.cases.budget_plan.candidate_plans`; on XLA:CPU block times measured on short
+            segments do not add up to a stack's step time, docs/planner.md).
         multi_process_meshes: the distributed suite can spread this framework's meshes over several
             processes (``--processes``: JAX, ``jax.distributed``).
         not_read_in_block: activation names a checkpointed GPT block never keeps in this framework,
@@ -71,6 +76,7 @@ class FrameworkInfo:
     cannot_keep: frozenset = frozenset()
     not_read_in_block: frozenset = frozenset()
     multi_process_meshes: bool = False
+    time_cost: str = "segments"
 
     def check_policies(self, plan: "RematPlan") -> None:
         """Refuse a plan whose policies keep (or offload) a name this framework cannot keep.
@@ -96,7 +102,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
                          cpu_peak_source="XLA compiled memory_analysis (cpu)",
                          device_peak_source="jax.Device.memory_stats()['peak_bytes_in_use'] (fresh process per case)",
                          fresh_process_per_device_case=True, not_read_in_block=frozenset({"mlp_out"}),
-                         multi_process_meshes=True),
+                         multi_process_meshes=True, time_cost="plans"),
     "torch": FrameworkInfo("torch", "PyTorch", ("eager",), "parity.runners.torch_framework",
                            cpu_peak_source="torchref.live_bytes / MemTracker (cpu)",
                            device_peak_source="torch.cuda.max_memory_allocated (peak reset between cases)",
@@ -209,6 +215,13 @@ class Framework(Protocol):
 
     def measure_plan(self, cfg: "TransformerConfig", tokens: np.ndarray, plan: "RematPlan", repeats: int) -> dict:
         """Saved and peak-activation bytes and step time of one forward+backward step (the depth sweep's case)."""
+
+    def time_steps(self, cfg: "TransformerConfig", params: Mapping[str, np.ndarray], tokens: np.ndarray, plans,
+                   rounds: int, min_sample_s: float = 0.1) -> dict:
+        """``{plan name: [seconds per step, one per round]}``: each of ``plans``' training steps (forward and backward,
+        no optimizer step) timed interleaved with the others' (:func:`jaxremat.spec.option_time.time_rounds`, process
+        CPU time, a sample of at least ``min_sample_s`` seconds of steps per plan and round), so that the per-round
+        ratios of two plans are paired (:func:`parity.checks.timing.ratio_spread`)."""
 
     def kept_names(self, cfg: "TransformerConfig", batch: int, seq: int, policy: "Policy") -> dict:
         """``{"kept", "offloaded", "tensors"}``: the activation names one checkpointed block keeps under ``policy``."""

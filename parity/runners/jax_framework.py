@@ -23,6 +23,7 @@ from jaxremat.memory import gpu_available
 from jaxremat.models import TransformerConfig, init_params
 from jaxremat.block_time import timed_chain
 from jaxremat.planner import DEFAULT_MENU, model_chain
+from jaxremat.spec.option_time import time_rounds
 from jaxremat.spec.plan import RematPlan
 from jaxremat.spec.policies import Policy
 from jaxremat.survival import count_dots
@@ -83,6 +84,18 @@ class JaxFramework:
         if gpu_available():
             out["peak_activation_source"] += "; device peaks: python -m parity.cases.gpu_pass"
         return out
+
+    def time_steps(self, cfg: TransformerConfig, params, tokens: np.ndarray, plans, rounds: int,
+                   min_sample_s: float = 0.1) -> dict:
+        """Each plan's ``jit(value_and_grad(loss_fn))`` (:func:`parity.runners.jax_runner.compiled_step`: compiled once
+        per model, shape and plan in a process, shared with the cases' runs), without dropout, timed interleaved over
+        ``rounds`` (:func:`jaxremat.spec.option_time.time_rounds`: process CPU time, each sample at least
+        ``min_sample_s`` seconds of steps): ``{plan name: [seconds per step, one per round]}``."""
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        tok = jnp.asarray(tokens, dtype=jnp.int32)
+        steps = {plan.name: jax_runner.compiled_step(cfg, plan, tuple(tok.shape), False) for plan in plans}
+        calls = {name: (lambda c=c: jax.block_until_ready(c(p, tok, None))) for name, c in steps.items()}
+        return time_rounds(calls, rounds, min_sample_s=min_sample_s)
 
     def kept_names(self, cfg: TransformerConfig, batch: int, seq: int, policy: Policy) -> dict:
         """What one checkpointed block keeps: its non-argument saved residuals, each with its ``checkpoint_name``

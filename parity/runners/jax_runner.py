@@ -126,19 +126,30 @@ def programs(cfg: TransformerConfig, plan: RematPlan, hparams: AdamWConfig) -> P
                      jax.jit(value_and_grad), apply_adamw_jit, jax.jit(reverse_loop))
 
 
-@functools.lru_cache(maxsize=64)
 def compiled_value_and_grad(cfg: TransformerConfig, plan: RematPlan, hparams: AdamWConfig, tokens_shape,
                              has_key: bool):
-    """The jitted loss+grad step compiled ahead of time, once per key.
+    """The jitted loss+grad step compiled ahead of time: :func:`compiled_step` (``hparams`` play no part in it).
 
     The same executable runs the jit-mode gradients and training steps and gives the compiled
     memory analysis, so each plan's program is compiled once (compiling costs seconds here).
     """
-    progs = programs(cfg, plan, hparams)
+    return compiled_step(cfg, plan, tuple(tokens_shape), has_key)
+
+
+@functools.lru_cache(maxsize=64)
+def compiled_step(cfg: TransformerConfig, plan: RematPlan, tokens_shape: tuple, has_key: bool):
+    """``jit(value_and_grad(loss))`` of ``cfg``'s family compiled ahead of time for ``(params, tokens, key)``,
+    once per (model, plan, token shape, dropout key or None) in a process: the cases' runs and
+    :meth:`parity.runners.jax_framework.JaxFramework.time_steps` share it."""
+    loss = objective(cfg)
+
+    def value_and_grad(params, tokens, key):
+        return jax.value_and_grad(loss)(params, tokens, cfg, plan, key)
+
     params = {k: jax.ShapeDtypeStruct(v, jnp.dtype(cfg.dtype)) for k, v in param_shapes(cfg).items()}
     tokens = jax.ShapeDtypeStruct(tokens_shape, jnp.int32)
     key = jax.random.key(0) if has_key else None
-    return progs.value_and_grad_jit.lower(params, tokens, key).compile()
+    return jax.jit(value_and_grad).lower(params, tokens, key).compile()
 
 
 def _to_numpy(tree) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from jaxremat.models import TransformerConfig, init_params
+from jaxremat.spec.option_time import time_rounds
 from jaxremat.spec.plan import RematPlan
 from jaxremat.spec.policies import Policy
 from torchref.block_memory import block_saved
@@ -81,6 +82,26 @@ class TorchFramework:
             step, exclude=[*model.parameters(), *model.buffers()], tracked=(model,), policy=plan.policy,
             counter="live_bytes", fixed=fixed)
         return {**memory_fields(memory), **timed(step, repeats)}
+
+    def time_steps(self, cfg: TransformerConfig, params, tokens: np.ndarray, plans, rounds: int,
+                   min_sample_s: float = 0.1) -> dict:
+        """Each plan's eager step (forward and ``backward``), timed interleaved over ``rounds`` on one intra-op thread
+        (as :mod:`torchref.block_time`; restored after) by :func:`jaxremat.spec.option_time.time_rounds` (process
+        CPU time, each sample at least ``min_sample_s`` seconds of steps): ``{plan name: [seconds per step, one per
+        round]}``."""
+        model = GPT.from_params(cfg, params)
+        tok = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+
+        def step(plan):
+            model.zero_grad(set_to_none=True)
+            model_loss(model, tok, plan).backward()
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return time_rounds({p.name: (lambda p=p: step(p)) for p in plans}, rounds, min_sample_s=min_sample_s)
+        finally:
+            torch.set_num_threads(threads)
 
     def kept_names(self, cfg: TransformerConfig, batch: int, seq: int, policy: Policy) -> dict:
         """What one checkpointed block keeps: the op outputs the selective checkpoint caches

@@ -9,7 +9,10 @@ import pytest
 from jaxremat.models.config import TransformerConfig
 from jaxremat.spec.plan import RematPlan
 from jaxremat.spec.planner import NoPlanFits
-from parity.cases.budget_plan import MAX_ATTEMPTS, BudgetRequest, parse_case_plan, resolve, uniform_candidates
+from parity.cases import budget_plan
+from parity.cases.budget_plan import (MAX_ATTEMPTS, BudgetRequest, candidate_plans, parse_case_plan, resolve,
+                                      uniform_candidates)
+from parity.cases.plan_timing import PlanTimes
 from parity.cli.run import main
 from parity.runners.framework import get_framework
 
@@ -116,6 +119,69 @@ def test_a_budget_below_every_plan_says_what_it_would_take():
         resolve(BudgetRequest("budget", parse_case_plan("budget(5%)").budget), "torch", CFG, 2, 8, ref, run)
 
 
+def _chain_and_target(fraction):
+    from torchref.planner import gpt_chain
+    from jaxremat.spec.planner import chain_costs
+
+    chain = gpt_chain(CFG, 2, 8)
+    none = chain_costs(chain["options_per_block"], [(CFG.n_layer, "store")], chain["boundary_bytes"])[0]
+    return chain, int(fraction * (none + chain["fixed_bytes"]))
+
+
+def test_candidates_hold_the_model_choice_first_and_every_uniform_candidate():
+    chain, target = _chain_and_target(0.7)
+    cands = candidate_plans({"flops": chain}, CFG.n_layer, target)
+    planner, uniform = cands["budget"], cands["best_uniform"]
+    assert planner[0][1]["sources"][0] == "planner (flops)" and uniform[0][1]["sources"][0] == "best uniform (flops)"
+    assert planner[0][1]["recompute_flops"] == min(d["recompute_flops"] for _, d in planner)  # the DP's plan
+    assert uniform[0][1]["recompute_flops"] == min(d["recompute_flops"] for _, d in uniform)
+    assert {p.name for p, _ in uniform} <= {p.name for p, _ in planner}  # the planner's space holds them
+    assert all(d["predicted_peak_activation_bytes"] <= target for _, d in planner)
+    assert all(not p.name.startswith("plan(") for p, _ in uniform)  # uniform schedules
+    assert len({p.name for p, _ in planner}) == len(planner) and 2 <= len(planner) <= 12
+    with pytest.raises(NoPlanFits):
+        candidate_plans({"flops": chain}, CFG.n_layer, target // 10)
+
+
+class _WholePlans:
+    """A framework that times whole plans, on PyTorch's FLOPs chain (no framework is run)."""
+
+    class info:  # noqa: N801
+        time_cost, label = "plans", "Test"
+
+    def default_menu(self):
+        return get_framework("torch").default_menu()
+
+    def planner_chain(self, cfg, batch, seq, policies, cost):
+        from torchref.planner import gpt_chain
+
+        assert cost == "flops"
+        return gpt_chain(cfg, batch, seq, policies)
+
+
+def test_the_time_cost_by_whole_plans_runs_the_fastest_candidate_and_records_them(monkeypatch):
+    monkeypatch.setattr(budget_plan, "get_framework", lambda name: _WholePlans())
+    run, calls = _fake_run(lambda k: 0)
+    timed = []
+
+    def time_plans(plans):  # the last candidate is 20% faster than every other in every round
+        timed.append([p.name for p in plans])
+        return PlanTimes({p.name: (0.8, 0.8, 0.8) if i == len(plans) - 1 else (1.0, 1.0, 1.0)
+                          for i, p in enumerate(plans)}, (1.0, 1.0))
+
+    request = BudgetRequest("budget", parse_case_plan("budget(70%)").budget)
+    r = resolve(request, "jax", CFG, 2, 8, run(NONE), run, cost="time", time_plans=time_plans)
+    last = r.last
+    assert calls == [r.plan.name] == [timed[0][-1]] and r.option_times is None
+    assert last["candidates"][0]["vs_model_choice"]["median"] == 1.0 and len(last["candidates"]) == len(timed[0])
+    chosen = next(c for c in last["candidates"] if c["plan"] == r.plan.name)
+    assert chosen["vs_model_choice"]["median"] == pytest.approx(0.8) and not chosen["vs_model_choice"]["noise"]
+    assert last["choice_reason"].startswith("measured fastest of ")
+    assert last["timing"] == {"rounds": 3, "load_1min": [1.0, 1.0]}
+    with pytest.raises(ValueError, match="pass time_plans"):
+        resolve(request, "jax", CFG, 2, 8, run(NONE), run, cost="time")
+
+
 def _plan_command(tmp_path, model, frameworks, budget, cost="flops"):
     out = tmp_path / "p"
     code = main(["plan", "--model", model, "--budget", budget, "--frameworks", frameworks, "--repeats", "1",
@@ -130,6 +196,11 @@ def _plan_command(tmp_path, model, frameworks, budget, cost="flops"):
             assert c["status"] == "pass" and c["grads_bitwise_equal"] and c["weights_bitwise_equal"]
             assert c["peak_activation_bytes"] <= row["budget_bytes"] and c["within_budget"]
         assert row["cost"] == (cost or "time") and row["choice"] in ("planner", "uniform") and row["choice_reason"]
+        pr = row["paired"]  # the two plans timed against each other, interleaved
+        assert pr["plans"] == [row["planner"]["plan"], row["uniform"]["plan"]]
+        if not pr.get("same_plan"):
+            assert pr["rounds"] >= 7 and set(pr["step_ms"]) == set(pr["plans"]) and len(pr["load_1min"]) == 2
+            assert row["time_vs_uniform"] == pr["ratio"] and pr["ratio"]["min"] <= pr["ratio"]["median"] <= pr["ratio"]["max"]
         if row["cost"] == "flops":
             assert row["planner"]["recompute_flops"] <= row["uniform"]["recompute_flops"]
             assert row["recompute_vs_uniform"] in ("less", "equal") and row["option_times"] is None
