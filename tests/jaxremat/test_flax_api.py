@@ -114,7 +114,11 @@ def fma_xfail(max_ulp: int):
 # under jit every schedule is bitwise with jax 0.10.2, every_k(2)'s 1-layer remainder included (the reverse
 # segment loop runs no loop of trip count 1; see docs/framework-differences.md section 1)
 JIT_ULP_JAX_0_12 = {"full": 54318, "every_k(2)": 97027, "segments(3)": 21550, "full+save_dots": 49152}
-JIT = [pytest.param(*s, id=i, marks=[*([pytest.mark.jaxremat_slow] if i in ("segments(3)", "full+save_dots") else []),
+# sqrt (a checkpointed 2-layer segment, then a stored 3-layer tail) is opt-in here: full and every_k(2) check the
+# stack's masks and counters under remat, and remat_scan's stored tail is bitwise under jit in test_render.py
+# (segments(3) at N=5, sqrt at the default config)
+JIT = [pytest.param(*s, id=i, marks=[*([pytest.mark.jaxremat_slow] if i in ("sqrt", "segments(3)", "full+save_dots")
+                                       else []),
                                      *([fma_xfail(JIT_ULP_JAX_0_12[i])] if i in JIT_ULP_JAX_0_12 else [])])
        for s, i in zip(SCHEDULES, IDS)]
 # op by op each schedule dispatches thousands of small ops: at N=5 they run with
