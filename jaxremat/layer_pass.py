@@ -1,0 +1,307 @@
+"""One layer of a stack as an XLA computation of its own, the same in every pass of every schedule.
+
+The reverse segment loop (:mod:`jaxremat.segment_vjp`) runs each layer's forward pass in three
+places: in ``none``'s forward pass (keeping its residuals), in a checkpointed segment's forward
+pass (keeping nothing) and in that segment's recompute in the backward pass (keeping its
+residuals). Written inline, each place is fused with what surrounds it, and XLA compiles the same
+layer three ways. Measured on XLA:CPU (jax 0.10.2) at ``gpt-tiny``'s width (d_model 32): in a
+recompute the block's output is unused, so XLA fused the residual add ``x + attn`` into the second
+LayerNorm's variance reduction instead of writing it out as ``none``'s forward pass does; XLA:CPU
+emits reductions with LLVM's ``reassoc`` flag, and the loop vectorizer summed the fused loop along
+the reduced axis (8 lanes, two accumulators, then across lanes) where it summed ``none``'s loop
+across rows (one row per lane, the 32 terms in order). The variance moved by an ULP, and every
+gradient with it (docs/framework-differences.md, section 2).
+
+So here a layer's forward pass is one XLA computation, a ``lax.cond`` branch (:func:`isolate`),
+called with the same operands and producing the same outputs wherever it runs: XLA fuses it
+among its own ops only, and the same program gives the same bits. Its outputs are all read
+(:func:`alive`), or XLA would drop the unused ones and compile a smaller branch.
+
+A checkpointed segment with a ``jax.checkpoint`` policy keeps, per layer, the values the policy
+saves. :class:`LayerProgram` splits the layer's forward program with JAX's own partial evaluation
+(``partial_eval_jaxpr_custom``, the machinery of ``jax.checkpoint``): the forward pass runs the
+whole program and also outputs the saved values; the recompute runs the same program with the
+saved values read instead of computed, and still produces every output (the carry included), so
+the values that are recomputed see the same fusions as in ``none``.
+
+Source: ``jax.checkpoint`` policies and ``partial_eval_jaxpr_custom`` (``jax/_src/ad_checkpoint.py``,
+``jax/_src/interpreters/partial_eval.py``); ``jax.lax.cond``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import core as jcore
+from jax._src.interpreters import partial_eval as pe
+
+__all__ = ["LayerProgram", "Pullback", "alive", "isolate", "predicate", "rebuild", "take", "tie"]
+
+_tree = jax.tree_util
+
+
+def take(tree, i):
+    """Slice ``i`` of every leaf's leading axis (``i`` may be traced)."""
+    return _tree.tree_map(lambda a: lax.dynamic_index_in_dim(a, i, 0, keepdims=False), tree)
+
+
+def _entries(tree) -> list:
+    """One entry of every numeric leaf of ``tree`` (key, float0 and empty leaves skipped)."""
+    out = []
+    for a in _tree.tree_leaves(tree):
+        dt = jnp.result_type(a)
+        if not (jnp.issubdtype(dt, jnp.number) or dt == jnp.bool_) or np.size(a) == 0:
+            continue
+        out.append(jnp.ravel(a)[0] if jnp.ndim(a) else jnp.asarray(a))
+    return out
+
+
+def alive(*trees, alive=None):
+    """A float32 scalar, 0.0 or NaN, that reads one entry of every leaf of ``trees`` (and ``alive``).
+
+    Read into a value that is used (:func:`tie`), it keeps the outputs ``trees`` came from in the
+    program though nothing else reads them, and it orders work: what reads the tied value cannot
+    start before ``trees`` exist (a recompute waits for its cotangent).
+    """
+    vals = [jnp.real(v).astype(jnp.float32) * np.float32(0.0) for v in _entries(trees)]
+    if alive is not None:
+        vals.append(alive)
+    out = vals[0] if vals else jnp.float32(0.0)
+    for v in vals[1:]:
+        out = out + v
+    return out
+
+
+def predicate(tree):
+    """A float32 scalar read from ``tree`` (its first numeric entry) for :func:`isolate`'s predicate.
+
+    Give it values that are not batched under ``jax.vmap`` (a stack's parameters): a batched
+    predicate turns ``lax.cond`` into a select that runs both branches.
+    """
+    entries = _entries(tree)
+    return jnp.real(entries[0]).astype(jnp.float32) if entries else jnp.float32(0.0)
+
+
+def isolate(fn: Callable, operand, pred_value):
+    """``fn(operand)`` as an XLA computation of its own: ``lax.cond`` with ``fn`` in both branches.
+
+    XLA compiles a branch as a program fused among its own ops, and cannot inline it: the
+    predicate ``pred_value == pred_value`` (:func:`predicate`) is unknown before run time (False
+    only for NaN; both branches are ``fn``, so the value is ``fn(operand)`` either way). A loop of
+    trip count one would not do: XLA's while-loop simplifier removes it. Op by op
+    (``jax.disable_jit()``) nothing is fused and ``fn`` runs as it is.
+    """
+    if jax.config.jax_disable_jit:
+        return fn(operand)
+    return lax.cond(pred_value == pred_value, fn, fn, operand)
+
+
+@dataclasses.dataclass
+class Pullback:
+    """How a ``jax.vjp`` closure is rebuilt: its treedef, and per leaf ``("input", j)`` or ``("kept", r)``."""
+
+    treedef: Any = None
+    sources: tuple = ()
+
+
+def _vjp(fn, meta: Pullback, p, c, x, consts):
+    """``jax.vjp`` of ``fn(p, c, x, consts)``; the closure leaves that are not ``p``/``x``/``consts`` leaves.
+
+    Leaves that are inputs are read again in the backward pass instead of being stacked: a layer's
+    weights are residuals of its matrix products, and stacking them would copy the parameters.
+    """
+    (c_out, y), pullback = jax.vjp(fn, p, c, x, consts)
+    leaves, treedef = _tree.tree_flatten(pullback)
+    ids = {id(a): j for j, a in enumerate(_tree.tree_leaves((p, x, consts)))}
+    sources, kept = [], []
+    for leaf in leaves:
+        if id(leaf) in ids:
+            sources.append(("input", ids[id(leaf)]))
+        else:
+            sources.append(("kept", len(kept)))
+            kept.append(leaf)
+    meta.treedef, meta.sources = treedef, tuple(sources)
+    return c_out, y, kept
+
+
+def rebuild(meta: Pullback, kept: list, p, x, consts):
+    """The pullback of :func:`_vjp` from its kept leaves and the layer's inputs."""
+    inputs = _tree.tree_leaves((p, x, consts))
+    return _tree.tree_unflatten(meta.treedef, [inputs[j] if s == "input" else kept[j] for s, j in meta.sources])
+
+
+def tie(tree, alive_value):
+    """``tree`` with ``alive_value`` read into one entry of its first float leaf, bits unchanged.
+
+    Adds ``-0.0 * (alive_value != alive_value)``, which is -0.0 for every value (NaN included),
+    to one entry: ``x + -0.0 == x`` for every float ``x`` (signed zeros and NaN included). What
+    ``alive_value`` reads stays in the program as long as ``tree`` is needed.
+    """
+    leaves, treedef = _tree.tree_flatten(tree)
+    for j, a in enumerate(leaves):
+        if jnp.issubdtype(jnp.result_type(a), jnp.floating):
+            t = (np.float32(-0.0) * (alive_value != alive_value).astype(jnp.float32)).astype(a.dtype)
+            leaves[j] = a + t if jnp.ndim(a) == 0 else a.at[(0,) * jnp.ndim(a)].add(t)
+            break
+    return _tree.tree_unflatten(treedef, leaves)
+
+
+def _abstract(tree, drop_axis: bool):
+    def sds(a):
+        shape = jnp.shape(a)[1:] if drop_axis else jnp.shape(a)
+        return jax.ShapeDtypeStruct(shape, a.dtype if hasattr(a, "dtype") else jnp.result_type(a))
+    return _tree.tree_map(sds, tree)
+
+
+def _has_effects(eqn) -> bool:
+    benign = (jcore.NamedAxisEffect, jcore.InternalMutableArrayEffect)
+    return any(not isinstance(e, benign) for e in eqn.effects)
+
+
+def _inlined_call(eqn):
+    """The ClosedJaxpr of a ``jit`` / closed call equation (inlined by the interpreter), else None."""
+    if eqn.primitive.name in ("jit", "pjit"):
+        return eqn.params["jaxpr"]
+    if eqn.primitive.name == "closed_call":
+        return eqn.params["call_jaxpr"]
+    return None
+
+
+def _eval(jaxpr, consts, args, on_eqn=None) -> list:
+    """Evaluate ``jaxpr`` like ``jax.core.eval_jaxpr``, with ``jit`` calls inlined.
+
+    ``on_eqn(eqn, invals)`` may return the equation's outputs instead of binding it (None: bind).
+    """
+    env: dict = {}
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        sub = _inlined_call(eqn)
+        outs = None if on_eqn is None else on_eqn(eqn, ins)
+        if outs is None and sub is not None:
+            outs = _eval(sub.jaxpr, sub.consts, ins)
+        elif outs is None:
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        env.update((v, o) for v, o in zip(eqn.outvars, outs) if not isinstance(v, jcore.DropVar))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _read_vars(eqns, outvars) -> set:
+    """The variables read by ``eqns`` or returned (``outvars``)."""
+    return {v for e in eqns for v in e.invars if isinstance(v, jcore.Var)} | {
+        v for v in outvars if isinstance(v, jcore.Var)}
+
+
+class LayerProgram:
+    """One layer's forward pass with its residuals, as jaxprs run isolated (:func:`isolate`).
+
+    ``forward`` is the program of ``jax.vjp`` of the layer (``jit`` calls inlined), the same in
+    ``none`` and in every checkpointed segment. With a ``jax.checkpoint`` policy, the equations
+    whose outputs the policy saves (``policy(primitive, *avals, **params)``, as ``jax.checkpoint``
+    asks it, and every equation with an effect, as ``jax.checkpoint`` does) have their outputs
+    returned by ``forward`` too, and ``recompute`` is the same program with those outputs read
+    instead of computed. Nothing else is left out of ``recompute``: the values only a saved
+    equation read are still computed, and returned (so that they are kept, :func:`alive`), because
+    XLA fuses a value that fewer equations read otherwise (measured on XLA:CPU: with one reader
+    fewer, the residual add ``x + attn`` was fused into all its readers instead of written out).
+
+    Args:
+        fn: ``(layer_params, carry, layer_xs, consts) -> (carry, y)``.
+        params, xs: the stacked parameters and per-layer inputs (leading layer axis), or avals.
+        consts: list of arrays every layer reads.
+        carry: the carry (or its avals).
+        policy: a ``jax.checkpoint`` policy, or None (the forward pass saves nothing).
+    """
+
+    def __init__(self, fn: Callable, params, xs, consts, carry, policy: Callable | None = None, pred=None):
+        self.meta, self.policy, self.pred = Pullback(), policy, pred
+        args = (_abstract(params, True), _abstract(carry, False), _abstract(xs, True), _abstract(consts, False))
+        flat, self.in_tree = _tree.tree_flatten(args)
+        out_trees = []
+
+        def flat_fn(*leaves):
+            out = _vjp(fn, self.meta, *_tree.tree_unflatten(self.in_tree, leaves))
+            leaves_out, tree = _tree.tree_flatten(out)
+            out_trees.append(tree)
+            return leaves_out
+
+        traced = jax.make_jaxpr(flat_fn)(*flat)
+        closed = jax.make_jaxpr(lambda *a: _eval(traced.jaxpr, traced.consts, a))(*flat)  # jit calls inlined
+        self.out_tree, self.n_out = out_trees[0], len(closed.jaxpr.outvars)
+        self.jaxpr, self.consts = pe.convert_constvars_jaxpr(closed.jaxpr), list(closed.consts)
+        self.saved_vars: list = []
+        self._saved: set = set()
+        if policy is not None:
+            self._choose_saved(policy)
+
+    def _choose_saved(self, policy: Callable) -> None:
+        """The equations whose outputs the forward pass keeps, and the values it keeps of them."""
+        saved_eqns = set()
+        for j, eqn in enumerate(self.jaxpr.eqns):
+            case = pe.ensure_enum(policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params))
+            if _has_effects(eqn) or not isinstance(case, pe.RecomputeType):
+                saved_eqns.add(j)
+        read = _read_vars([e for j, e in enumerate(self.jaxpr.eqns) if j not in saved_eqns], self.jaxpr.outvars)
+        self._saved = saved_eqns
+        self.saved_vars = [v for j in sorted(saved_eqns) for v in self.jaxpr.eqns[j].outvars
+                           if v in read and not isinstance(v, jcore.DropVar)]
+        self._offload = {v: self._offload_of(policy, self.jaxpr.eqns[j]) for j in saved_eqns
+                         for v in self.jaxpr.eqns[j].outvars}
+
+    @staticmethod
+    def _offload_of(policy, eqn):
+        case = pe.ensure_enum(policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params))
+        return case if isinstance(case, pe.Offloadable) else None
+
+    def _inputs(self, params, xs, consts, i, c) -> list:
+        return self.consts + _tree.tree_leaves((take(params, i), c, take(xs, i), consts))
+
+    def _outputs(self, out):
+        return _tree.tree_unflatten(self.out_tree, out[:self.n_out])
+
+    def forward(self, params, xs, consts, i, c):
+        """Layer ``i`` from carry ``c``: ``(carry, y, kept, saved)``; ``saved`` is [] without a policy."""
+        jaxpr = self.jaxpr.replace(outvars=list(self.jaxpr.outvars) + self.saved_vars)
+
+        def run(op):
+            out = _eval(jaxpr, [], self._inputs(*op))
+            saved = [self._to_host(v, x) for v, x in zip(self.saved_vars, out[self.n_out:])]
+            return (*self._outputs(out), saved)
+        return isolate(run, (params, xs, consts, i, c), self.pred)
+
+    def _to_host(self, var, x):
+        case = self._offload.get(var) if self.policy is not None else None
+        return x if case is None else jax.device_put(x, jax.sharding.TransferToMemoryKind(case.dst))
+
+    def _to_device(self, var, x):
+        case = self._offload.get(var) if self.policy is not None else None
+        return x if case is None else jax.device_put(x, jax.sharding.TransferToMemoryKind(case.src))
+
+    def recompute(self, params, xs, consts, i, c, saved: list):
+        """Layer ``i`` again from carry ``c`` and what its forward pass saved: ``(carry, y, kept)``."""
+        if self.policy is None:
+            return self.forward(params, xs, consts, i, c)[:3]
+
+        eqns = [e for j, e in enumerate(self.jaxpr.eqns) if j not in self._saved]
+        jaxpr = self.jaxpr.replace(invars=list(self.jaxpr.invars) + self.saved_vars, eqns=eqns)
+        jaxpr, used = pe.dce_jaxpr(jaxpr, [True] * self.n_out, instantiate=True)
+
+        def run(op):
+            *rest, saved = op
+            ins = self._inputs(*rest) + [self._to_device(v, x) for v, x in zip(self.saved_vars, saved)]
+            out = _eval(jaxpr, [], [a for a, u in zip(ins, used) if u])
+            return self._outputs(out)
+        return isolate(run, (params, xs, consts, i, c, saved), self.pred)
