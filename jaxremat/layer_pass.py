@@ -89,17 +89,23 @@ def predicate(tree):
 
 
 def isolate(fn: Callable, operand, pred_value):
-    """``fn(operand)`` as an XLA computation of its own: ``lax.cond`` with ``fn`` in both branches.
+    """``fn(operand)`` as an XLA computation of its own: a ``lax.cond`` branch XLA cannot inline.
 
-    XLA compiles a branch as a program fused among its own ops, and cannot inline it: the
-    predicate ``pred_value == pred_value`` (:func:`predicate`) is unknown before run time (False
-    only for NaN; both branches are ``fn``, so the value is ``fn(operand)`` either way). A loop of
-    trip count one would not do: XLA's while-loop simplifier removes it. Op by op
-    (``jax.disable_jit()``) nothing is fused and ``fn`` runs as it is.
+    XLA compiles a branch as a program fused among its own ops. The predicate,
+    ``(bits(pred_value) >> 31) <= 0`` (:func:`predicate`; an arithmetic shift of an int32 gives 0 or
+    -1), is True for every value, but XLA does not know it before run time, so the conditional
+    stays; the other branch returns zeros and never runs. (A loop of trip count one would not do:
+    XLA's while-loop simplifier removes it.) Outputs of a non-numeric dtype (PRNG keys) get ``fn``
+    in both branches instead. Op by op (``jax.disable_jit()``) nothing is fused and ``fn`` runs as
+    it is.
     """
     if jax.config.jax_disable_jit:
         return fn(operand)
-    return lax.cond(pred_value == pred_value, fn, fn, operand)
+    pred = (lax.bitcast_convert_type(jnp.asarray(pred_value, jnp.float32), jnp.int32) >> 31) <= 0
+    shapes = jax.eval_shape(fn, operand)
+    if not all(jnp.issubdtype(s.dtype, jnp.number) or s.dtype == jnp.bool_ for s in _tree.tree_leaves(shapes)):
+        return lax.cond(pred, fn, fn, operand)
+    return lax.cond(pred, fn, lambda _: _tree.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), operand)
 
 
 @dataclasses.dataclass
