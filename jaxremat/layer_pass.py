@@ -142,8 +142,10 @@ def rebuild(meta: Pullback, kept: list, p, x, consts):
     return _tree.tree_unflatten(meta.treedef, [inputs[j] if s == "input" else kept[j] for s, j in meta.sources])
 
 
-def tie(tree, alive_value):
+def tie(tree, alive_value, last: bool = False):
     """``tree`` with ``alive_value`` read into one entry of its first float leaf, bits unchanged.
+
+    The entry is the first one (the last one with ``last``).
 
     Adds ``-0.0 * (alive_value != alive_value)``, which is -0.0 for every value (NaN included),
     to one entry: ``x + -0.0 == x`` for every float ``x`` (signed zeros and NaN included). What
@@ -153,7 +155,7 @@ def tie(tree, alive_value):
     for j, a in enumerate(leaves):
         if jnp.issubdtype(jnp.result_type(a), jnp.floating):
             t = (np.float32(-0.0) * (alive_value != alive_value).astype(jnp.float32)).astype(a.dtype)
-            leaves[j] = a + t if jnp.ndim(a) == 0 else a.at[(0,) * jnp.ndim(a)].add(t)
+            leaves[j] = a + t if jnp.ndim(a) == 0 else a.at[(-1 if last else 0,) * jnp.ndim(a)].add(t)
             break
     return _tree.tree_unflatten(treedef, leaves)
 
@@ -278,15 +280,34 @@ class LayerProgram:
     def _outputs(self, out):
         return _tree.tree_unflatten(self.out_tree, out[:self.n_out])
 
-    def forward(self, params, xs, consts, i, c):
-        """Layer ``i`` from carry ``c``: ``(carry, y, kept, saved)``; ``saved`` is [] without a policy."""
+    def stacks(self, n: int) -> list:
+        """Zero buffers for ``n`` layers' ``kept`` residuals (leading axis ``n``)."""
+        c_out, y, kept = self._outputs(self.jaxpr.outvars)
+        return [jnp.zeros((n,) + tuple(v.aval.shape), v.aval.dtype) for v in kept]
+
+    def _stacked(self, out, stacks, j):
+        """``(carry, y, kept)`` of ``out``; with ``stacks``, ``kept`` written into slot ``j`` of them."""
+        c_out, y, kept = self._outputs(out)
+        if stacks is None:
+            return c_out, y, kept
+        return c_out, y, [lax.dynamic_update_index_in_dim(s, k.astype(s.dtype), j, 0) for s, k in zip(stacks, kept)]
+
+    def forward(self, params, xs, consts, i, c, live=None, stacks=None, j=None):
+        """Layer ``i`` from carry ``c``: ``(carry, y, kept, saved)``; ``saved`` is [] without a policy.
+
+        With ``stacks`` (:meth:`stacks`), the residuals are written into their slot ``j`` inside the
+        computation and the updated stacks are returned in the place of ``kept`` (written outside,
+        the computation's outputs would be a second copy of one layer's residuals). ``live``
+        (:func:`alive`) is read by the predicate: the computation waits for it.
+        """
         jaxpr = self.jaxpr.replace(outvars=list(self.jaxpr.outvars) + self.saved_vars)
 
         def run(op):
-            out = _eval(jaxpr, [], self._inputs(*op))
+            *ins, stacks, j = op
+            out = _eval(jaxpr, [], self._inputs(*ins))
             saved = [self._to_host(v, x) for v, x in zip(self.saved_vars, out[self.n_out:])]
-            return (*self._outputs(out), saved)
-        return isolate(run, (params, xs, consts, i, c), self.pred)
+            return (*self._stacked(out, stacks, j), saved)
+        return isolate(run, (params, xs, consts, i, c, stacks, j), self._pred(live))
 
     def _to_host(self, var, x):
         case = self._offload.get(var) if self.policy is not None else None
@@ -296,18 +317,24 @@ class LayerProgram:
         case = self._offload.get(var) if self.policy is not None else None
         return x if case is None else jax.device_put(x, jax.sharding.TransferToMemoryKind(case.src))
 
-    def recompute(self, params, xs, consts, i, c, saved: list):
-        """Layer ``i`` again from carry ``c`` and what its forward pass saved: ``(carry, y, kept)``."""
+    def recompute(self, params, xs, consts, i, c, saved: list, live=None, stacks=None, j=None):
+        """Layer ``i`` again from carry ``c`` and what its forward pass saved: ``(carry, y, kept)``.
+
+        ``live``, ``stacks``, ``j``: as in :meth:`forward`.
+        """
         if self.policy is None:
-            return self.forward(params, xs, consts, i, c)[:3]
+            return self.forward(params, xs, consts, i, c, live, stacks, j)[:3]
 
         eqns = [e for j, e in enumerate(self.jaxpr.eqns) if j not in self._saved]
         jaxpr = self.jaxpr.replace(invars=list(self.jaxpr.invars) + self.saved_vars, eqns=eqns)
         jaxpr, used = pe.dce_jaxpr(jaxpr, [True] * self.n_out, instantiate=True)
 
         def run(op):
-            *rest, saved = op
+            *rest, saved, stacks, j = op
             ins = self._inputs(*rest) + [self._to_device(v, x) for v, x in zip(self.saved_vars, saved)]
             out = _eval(jaxpr, [], [a for a, u in zip(ins, used) if u])
-            return self._outputs(out)
-        return isolate(run, (params, xs, consts, i, c, saved), self.pred)
+            return self._stacked(out, stacks, j)
+        return isolate(run, (params, xs, consts, i, c, saved, stacks, j), self._pred(live))
+
+    def _pred(self, live):
+        return self.pred if live is None else self.pred + live

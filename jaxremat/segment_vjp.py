@@ -149,6 +149,11 @@ def _groups(segments, policies) -> list[_Group]:
     return out
 
 
+def _one_layer(res, n: int):
+    """``res`` as stacked residuals: a layer run alone returned its residuals unstacked."""
+    return _tree.tree_map(lambda a: a[None], res) if n == 1 else res
+
+
 def _flat_ys(ys, n_seg: int, k: int):
     return _tree.tree_map(lambda t: t.reshape((n_seg * k,) + t.shape[2:]), ys)
 
@@ -182,23 +187,30 @@ class _Stack:
             return self.fn(take(self.params, base + i), c, take(self.xs, base + i), self.consts)
         return _scan(step, c, length)
 
-    def layer_grads(self, i, kept, ct_c: list, ct_y):
-        """Layer ``i``'s backward pass from its residuals ``kept``, isolated: gradient slot lists."""
+    def layer_grads(self, i, res, j, ct_c: list, ct_y, live):
+        """Layer ``i``'s backward pass from its residuals ``res[j]`` (stacked), isolated: gradient slot lists.
+
+        The stacked residuals are sliced inside (a slice taken outside would be a copy); the
+        predicate reads ``live``.
+        """
         meta = self.program().meta
 
         def run(op):
-            params, xs, consts, i, kept, ct_c, ct_y = op
-            p, x = take(params, i), take(xs, i)
+            params, xs, consts, i, res, j, ct_c, ct_y = op
+            p, x, kept = take(params, i), take(xs, i), take(res, j)
             dp, dc, dx, dk = rebuild(meta, kept, p, x, consts)((_cotangent(self.carry_template, ct_c), ct_y))
             return (_ct_slots(dc, self.carry_template), _ct_slots(dp, self.params), _ct_slots(dx, self.xs),
                     _ct_slots(dk, self.consts))
-        return isolate(run, (self.params, self.xs, self.consts, i, kept, ct_c, ct_y), self.pred)
+        return isolate(run, (self.params, self.xs, self.consts, i, res, j, ct_c, ct_y), self.pred + live)
 
     def _policies(self, segments, policies):
         return [self.policy] * len(segments) if policies is None else list(policies)
 
-    def forward(self, segments, base, c, policies=None):
-        """Forward over ``segments`` (starts relative to ``base``): (carry, ys, residuals).
+    def forward(self, segments, base, c, live, policies=None):
+        """Forward over ``segments`` (starts relative to ``base``): (carry, ys, residuals, live).
+
+        ``live`` (:func:`jaxremat.layer_pass.alive`) is read by every layer's predicate, so each
+        layer waits for what the one before left unused to be read (and freed).
 
         ``policies``: one ``jax.checkpoint`` policy per segment (segment plans), else the stack's.
         A plain group keeps every layer's residuals; a checkpointed one its segments' boundaries
@@ -210,26 +222,33 @@ class _Stack:
             if not g.checkpointed:
                 prog = self.program()
 
-                def step(c, i, a=a, prog=prog):
-                    c, y, kept, _ = prog.forward(self.params, self.xs, self.consts, a + i, c)
-                    return c, (y, kept)
-                c, (ys, res) = _scan(step, c, g.n_seg * g.k)
+                def step(carry, i, a=a, prog=prog):
+                    c, stacks, live = carry
+                    c, y, stacks, _ = prog.forward(self.params, self.xs, self.consts, a + i, c, live, stacks, i)
+                    return (c, stacks, live), y
+                n = g.n_seg * g.k
+                (c, res, live), ys = _scan(step, (c, self._stacks(prog, n, alive(c)), live), n)
+                res = _one_layer(res, n)
             else:  # keep the boundary; run the layers as a plain segment does, their residuals unused
                 prog = self.program(g.policy if g.inner is None else None)
 
-                def step(c, s, a=a, g=g, prog=prog):
+                def step(carry, s, a=a, g=g, prog=prog):
                     def layer(carry, j):
                         c, live = carry
-                        c, y, kept, saved = prog.forward(self.params, self.xs, self.consts, a + s * g.k + j, c)
+                        c, y, kept, saved = prog.forward(self.params, self.xs, self.consts, a + s * g.k + j, c, live)
                         return (c, alive(kept, alive=live)), (y, saved)
-                    (out, live), (ys, saved) = _scan(layer, (c, alive()), g.k)
-                    return out, (ys, (tie(c, live), saved))  # the boundary reads the unused residuals
-                c, (ys, res) = _scan(step, c, g.n_seg)
+                    (out, live), (ys, saved) = _scan(layer, carry, g.k)
+                    return (out, live), (ys, (carry[0], saved))
+                (c, live), (ys, res) = _scan(step, (c, live), g.n_seg)
                 ys = _flat_ys(ys, g.n_seg, g.k)
             residuals.append(res)
             ys_parts.append(ys)
         ys = ys_parts[0] if len(ys_parts) == 1 else _tree.tree_map(lambda *t: jnp.concatenate(t), *ys_parts)
-        return c, ys, residuals
+        return c, ys, residuals, live
+
+    def _stacks(self, prog: LayerProgram, n: int, live):
+        """Zero buffers for ``n`` layers' residuals, made once ``live`` is (not earlier); None for n == 1."""
+        return None if n == 1 else [tie(z, live) for z in prog.stacks(n)]
 
     def _ct_y(self, j):
         """The cotangent of layer ``j``'s ``y`` output."""
@@ -242,49 +261,52 @@ class _Stack:
         gk = [None if g is None else g + d for g, d in zip(gk, dk)]
         return dc, _put(gp, dp, j), _put(gx, dx, j), gk
 
-    def _backward_layers(self, a, n: int, res, state):
+    def _backward_layers(self, a, n: int, res, state, live):
         """Layers ``a + n - 1 .. a`` in reverse, from their stacked residuals ``res``."""
         def compute(i, ct_c):
-            return self.layer_grads(a + i, take(res, i), ct_c, self._ct_y(a + i))
+            return self.layer_grads(a + i, res, i, ct_c, self._ct_y(a + i), live)
         return _reverse(compute, lambda st, slots, i: self._accumulate(st, slots, a + i), state, n)
 
-    def backward(self, segments, base, residuals, state, policies=None):
-        """Pull ``state`` back through ``segments`` (starts relative to ``base``) in reverse."""
+    def backward(self, segments, base, residuals, state, live, policies=None):
+        """Pull ``state`` back through ``segments`` (starts relative to ``base``) in reverse.
+
+        ``live``: read by the first computations (what the caller left unused).
+        """
         groups = _groups(segments, self._policies(segments, policies))
         for g, res in reversed(list(zip(groups, residuals))):
             a = base + g.start
             if not g.checkpointed:
-                state = self._backward_layers(a, g.n_seg * g.k, res, state)
+                state = self._backward_layers(a, g.n_seg * g.k, res, state, live)
             else:
-                state = self._backward_checkpointed(g, a, res, state)
+                state = self._backward_checkpointed(g, a, res, state, live)
         return state
 
-    def _backward_checkpointed(self, g: _Group, a, res, state):
+    def _backward_checkpointed(self, g: _Group, a, res, state, live_in):
         """Each segment in reverse: recompute it from its boundary, then pull back through it.
 
-        The recompute starts from its boundary tied to the cotangent that reaches the segment, so
-        it runs in the backward pass (else XLA may run it with the forward pass and keep its
-        residuals as long as no remat would); its last carry and ys, which nothing reads, are
-        tied to that cotangent in turn, so that its computations keep every output.
+        The recompute's predicates read the cotangent that reaches the segment, so it runs in
+        the backward pass (else XLA may run it with the forward pass and keep its residuals as
+        long as no remat would); the backward's predicates read the recompute's last carry and
+        ys, which nothing else reads, so that its computations keep every output.
         """
         boundaries, saved = res
 
         def segment(state, s):
             start = a + s * g.k
-            b = tie(take(boundaries, s), alive(state[0]))
+            b, live = take(boundaries, s), alive(state[0], alive=live_in)
             if g.inner is not None:
                 inner = g.inner.segments_for(g.k)
-                c, ys, inner_res = self.forward(inner, start, b)
-                state = (tie(state[0], alive(c, ys)), *state[1:])
-                return self.backward(inner, start, inner_res, state)
+                c, ys, inner_res, live = self.forward(inner, start, b, live)
+                return self.backward(inner, start, inner_res, state, alive(c, ys, alive=live))
             prog, seg_saved = self.program(g.policy), take(saved, s)
 
-            def layer(c, j):
-                c, y, kept = prog.recompute(self.params, self.xs, self.consts, start + j, c, take(seg_saved, j))
-                return c, (y, kept)
-            c, (ys, kept) = _scan(layer, b, g.k)
-            state = (tie(state[0], alive(c, ys)), *state[1:])
-            return self._backward_layers(start, g.k, kept, state)
+            def layer(carry, j):
+                c, stacks = carry
+                c, y, stacks = prog.recompute(self.params, self.xs, self.consts, start + j, c, take(seg_saved, j),
+                                              live, stacks, j)
+                return (c, stacks), y
+            (c, kept), ys = _scan(layer, (b, self._stacks(prog, g.k, live)), g.k)
+            return self._backward_layers(start, g.k, _one_layer(kept, g.k), state, alive(c, ys))
 
         if g.n_seg == 1:
             return segment(state, jnp.int32(0))
@@ -331,8 +353,11 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         return _Stack(fn, params, xs, consts, policy, carry_template).plain(0, n_layer, carry)
 
     def run_fwd(params, carry, xs, consts):
-        c, ys, residuals = _Stack(fn, params, xs, consts, policy, carry_template).forward(
-            segments, 0, carry, per_segment)
+        stack = _Stack(fn, params, xs, consts, policy, carry_template)
+        c, ys, residuals, live = stack.forward(segments, 0, carry, alive(), per_segment)
+        if segments[-1].checkpointed:  # the last segment's unused residuals: read into its boundary
+            boundaries, saved = residuals[-1]
+            residuals[-1] = (tie(boundaries, live, last=True), saved)
         return (c, ys), (params, xs, consts, residuals)
 
     def run_bwd(saved, ct):
@@ -340,7 +365,7 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         ct_c, ct_ys = ct
         stack = _Stack(fn, params, xs, consts, policy, carry_template, ct_ys=ct_ys)
         state = (_ct_slots(ct_c, carry_template), _zeros(params), _zeros(xs), _zeros(consts))
-        ct_c, gp, gx, gk = stack.backward(segments, 0, residuals, state, per_segment)
+        ct_c, gp, gx, gk = stack.backward(segments, 0, residuals, state, alive(), per_segment)
         unflat = lambda tree, slots: _tree.tree_unflatten(_tree.tree_structure(tree), slots)
         return unflat(params, gp), unflat(carry_template, ct_c), unflat(xs, gx), list(gk)
 
