@@ -51,7 +51,6 @@ from jax._src.custom_derivatives import custom_vjp_call_p
 from jax._src.interpreters import partial_eval as pe
 from jax.ad_checkpoint import checkpoint_name
 
-from .layer_pass import isolate, predicate
 from .spec.lint import RematPolicyWarning
 
 __all__ = ["CUSTOM_VJP_RESIDUAL", "CUSTOM_VJP_RESIDUALS", "check_custom_vjp_residuals", "count_named_runs",
@@ -92,8 +91,8 @@ def _tagged_fwd_thunk(thunk: lu.WrappedFun) -> lu.WrappedFun:
         if nonzeros not in memo:
             jaxpr, consts = thunk.call_wrapped(*nonzeros)
 
-            def named(*args):  # fwd as a computation of its own: its outputs are written out in every pass
-                outs = isolate(lambda a: core.eval_jaxpr(jaxpr, consts, *a), list(args), predicate(args))
+            def named(*args):
+                outs = core.eval_jaxpr(jaxpr, consts, *args)
                 return [checkpoint_name(o, CUSTOM_VJP_RESIDUAL) for o in outs]
 
             avals = [v.aval for v in jaxpr.invars]

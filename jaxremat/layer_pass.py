@@ -234,7 +234,8 @@ class LayerProgram:
         policy: a ``jax.checkpoint`` policy, or None (the forward pass saves nothing).
     """
 
-    def __init__(self, fn: Callable, params, xs, consts, carry, policy: Callable | None = None, pred=None):
+    def __init__(self, fn: Callable, params, xs, consts, carry, policy: Callable | None = None, pred=None,
+                 carry_out: bool = True):
         self.meta, self.policy, self.pred = Pullback(), policy, pred
         args = (_abstract(params, True), _abstract(carry, False), _abstract(xs, True), _abstract(consts, False))
         flat, self.in_tree = _tree.tree_flatten(args)
@@ -250,24 +251,36 @@ class LayerProgram:
         closed = jax.make_jaxpr(lambda *a: _eval(traced.jaxpr, traced.consts, a))(*flat)  # jit calls inlined
         self.out_tree, self.n_out = out_trees[0], len(closed.jaxpr.outvars)
         self.jaxpr, self.consts = pe.convert_constvars_jaxpr(closed.jaxpr), list(closed.consts)
+        self.n_kept = len(_tree.tree_leaves(_tree.tree_unflatten(self.out_tree, list(range(self.n_out)))[2]))
         self.saved_vars: list = []
-        self._saved: set = set()
         if policy is not None:
-            self._choose_saved(policy)
+            self._choose_saved(policy, carry_out)
 
-    def _choose_saved(self, policy: Callable) -> None:
-        """The equations whose outputs the forward pass keeps, and the values it keeps of them."""
+    def _choose_saved(self, policy: Callable, carry_out: bool) -> None:
+        """The values the forward pass keeps: outputs of equations the policy saves that the recompute reads.
+
+        The recompute is the forward program without the saved equations, their outputs read
+        instead, returning the residuals (and the carry and ``y`` when ``carry_out``), dead code
+        removed (``dce_jaxpr``).
+        """
+        eqns = self.jaxpr.eqns
         saved_eqns = set()
-        for j, eqn in enumerate(self.jaxpr.eqns):
+        for j, eqn in enumerate(eqns):
             case = pe.ensure_enum(policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params))
             if _has_effects(eqn) or not isinstance(case, pe.RecomputeType):
                 saved_eqns.add(j)
-        read = _read_vars([e for j, e in enumerate(self.jaxpr.eqns) if j not in saved_eqns], self.jaxpr.outvars)
-        self._saved = saved_eqns
-        self.saved_vars = [v for j in sorted(saved_eqns) for v in self.jaxpr.eqns[j].outvars
-                           if v in read and not isinstance(v, jcore.DropVar)]
-        self._offload = {v: self._offload_of(policy, self.jaxpr.eqns[j]) for j in saved_eqns
-                         for v in self.jaxpr.eqns[j].outvars}
+        candidates = [v for j in sorted(saved_eqns) for v in eqns[j].outvars if not isinstance(v, jcore.DropVar)]
+        outvars = list(self.jaxpr.outvars)
+        if not carry_out:  # only the residuals (the flattened (carry, y, kept) ends with kept)
+            outvars = outvars[self.n_out - self.n_kept:]
+        n_in = len(self.jaxpr.invars)
+        recompute = self.jaxpr.replace(invars=list(self.jaxpr.invars) + candidates, outvars=outvars,
+                                       eqns=[e for j, e in enumerate(eqns) if j not in saved_eqns])
+        self.recompute_jaxpr, used = pe.dce_jaxpr(recompute, [True] * len(outvars), instantiate=True)
+        self.recompute_inputs = list(used[:n_in])
+        self.saved_vars = [v for v, u in zip(candidates, used[n_in:]) if u]
+        self.carry_out = carry_out
+        self._offload = {v: self._offload_of(policy, eqns[j]) for j in saved_eqns for v in eqns[j].outvars}
 
     @staticmethod
     def _offload_of(policy, eqn):
@@ -311,11 +324,11 @@ class LayerProgram:
 
     def _to_host(self, var, x):
         case = self._offload.get(var) if self.policy is not None else None
-        return x if case is None else jax.device_put(x, jax.sharding.TransferToMemoryKind(case.dst))
+        return x if case is None else jax.device_put(x, jcore.mem_kind_to_space(case.dst))
 
     def _to_device(self, var, x):
         case = self._offload.get(var) if self.policy is not None else None
-        return x if case is None else jax.device_put(x, jax.sharding.TransferToMemoryKind(case.src))
+        return x if case is None else jax.device_put(x, jcore.mem_kind_to_space(case.src))
 
     def recompute(self, params, xs, consts, i, c, saved: list, live=None, stacks=None, j=None):
         """Layer ``i`` again from carry ``c`` and what its forward pass saved: ``(carry, y, kept)``.
@@ -325,14 +338,12 @@ class LayerProgram:
         if self.policy is None:
             return self.forward(params, xs, consts, i, c, live, stacks, j)[:3]
 
-        eqns = [e for j, e in enumerate(self.jaxpr.eqns) if j not in self._saved]
-        jaxpr = self.jaxpr.replace(invars=list(self.jaxpr.invars) + self.saved_vars, eqns=eqns)
-        jaxpr, used = pe.dce_jaxpr(jaxpr, [True] * self.n_out, instantiate=True)
-
         def run(op):
             *rest, saved, stacks, j = op
-            ins = self._inputs(*rest) + [self._to_device(v, x) for v, x in zip(self.saved_vars, saved)]
-            out = _eval(jaxpr, [], [a for a, u in zip(ins, used) if u])
+            ins = [a for a, u in zip(self._inputs(*rest), self.recompute_inputs) if u]
+            out = _eval(self.recompute_jaxpr, [], ins + [self._to_device(v, x) for v, x in zip(self.saved_vars, saved)])
+            if not self.carry_out:
+                out = [None] * (self.n_out - self.n_kept) + list(out)
             return self._stacked(out, stacks, j)
         return isolate(run, (params, xs, consts, i, c, saved, stacks, j), self._pred(live))
 

@@ -218,10 +218,29 @@ def remat_scan(
     if carry_sharding is not None:
         block_fn = _constrain_carry(block_fn, carry_sharding, with_outputs)
     if method == "reverse_loop":
+        if save:
+            segments = _one_layer_segments(segments)
         per_segment = (tuple(policy_of(s.policy) for s in segments) if any(s.policy is not None for s in segments)
                        else jax_policy)
         return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs)
     return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of)
+
+
+def _one_layer_segments(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
+    """Every checkpointed segment (without an inner schedule) split into segments of one layer.
+
+    Under ``custom_vjp_residuals="save"`` in the reverse loop: a saved output of a rule's ``fwd``
+    read by the carry (``h + op(h)``) is rounded on its own, where the forward pass fused it into
+    the carry (XLA:CPU: one fused multiply-add), so a carry recomputed from it is not the forward's;
+    each layer's input is kept instead (docs/framework-differences.md, section 10).
+    """
+    out = []
+    for seg in segments:
+        if seg.checkpointed and seg.inner is None and seg.length > 1:
+            out += [dataclasses.replace(seg, start=i, stop=i + 1) for i in range(seg.start, seg.stop)]
+        else:
+            out.append(seg)
+    return tuple(out)
 
 
 def _constrain_carry(block_fn: Callable, sharding: Any, with_outputs: bool) -> Callable:

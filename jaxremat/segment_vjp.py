@@ -174,12 +174,18 @@ class _Stack:
         self.pred = predicate((params, consts, xs))
         self._programs: dict = {}
 
-    def program(self, policy=None) -> LayerProgram:
-        """The layer's forward program, split for ``policy`` (one per policy object)."""
-        if id(policy) not in self._programs:
-            self._programs[id(policy)] = (policy, LayerProgram(self.fn, self.params, self.xs, self.consts,
-                                                               self.carry_template, policy, self.pred))
-        return self._programs[id(policy)][1]
+    def program(self, policy=None, carry_out: bool = True) -> LayerProgram:
+        """The layer's forward program, split for ``policy`` (one per policy object).
+
+        ``carry_out``: the policy's recompute also returns the layer's carry (a segment of several
+        layers recomputes the next layer from it); for a one-layer segment it returns only the
+        residuals, and the forward pass saves only what they need.
+        """
+        key = (id(policy), carry_out or policy is None)
+        if key not in self._programs:
+            self._programs[key] = (policy, LayerProgram(self.fn, self.params, self.xs, self.consts,
+                                                        self.carry_template, policy, self.pred, key[1]))
+        return self._programs[key][1]
 
     def plain(self, base, length: int, c):
         """Layers ``base .. base + length`` keeping nothing; (carry, stacked ys). Not differentiated."""
@@ -230,7 +236,7 @@ class _Stack:
                 (c, res, live), ys = _scan(step, (c, self._stacks(prog, n, alive(c)), live), n)
                 res = _one_layer(res, n)
             else:  # keep the boundary; run the layers as a plain segment does, their residuals unused
-                prog = self.program(g.policy if g.inner is None else None)
+                prog = self.program(g.policy if g.inner is None else None, g.k > 1)
 
                 def step(carry, s, a=a, g=g, prog=prog):
                     def layer(carry, j):
@@ -298,7 +304,7 @@ class _Stack:
                 inner = g.inner.segments_for(g.k)
                 c, ys, inner_res, live = self.forward(inner, start, b, live)
                 return self.backward(inner, start, inner_res, state, alive(c, ys, alive=live))
-            prog, seg_saved = self.program(g.policy), take(saved, s)
+            prog, seg_saved = self.program(g.policy, g.k > 1), take(saved, s)
 
             def layer(carry, j):
                 c, stacks = carry
@@ -355,7 +361,8 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
     def run_fwd(params, carry, xs, consts):
         stack = _Stack(fn, params, xs, consts, policy, carry_template)
         c, ys, residuals, live = stack.forward(segments, 0, carry, alive(), per_segment)
-        if segments[-1].checkpointed:  # the last segment's unused residuals: read into its boundary
+        if _groups(segments, stack._policies(segments, per_segment))[-1].checkpointed:
+            # the last segment's unused residuals: read into its boundary
             boundaries, saved = residuals[-1]
             residuals[-1] = (tie(boundaries, live, last=True), saved)
         return (c, ys), (params, xs, consts, residuals)

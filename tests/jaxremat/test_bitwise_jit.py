@@ -71,8 +71,8 @@ def _value_and_grad(cfg: TransformerConfig, plan: str):
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases())
-@example((32, 4, "plan(1+save_dots,1+save_nothing,2:store)", 0.0, None))  # gpt-tiny's width, one-block segments
+@given(case=cases())
+@example(case=(32, 4, "plan(1+save_dots,1+save_nothing,2:store)", 0.0, None))  # gpt-tiny's width, one-block segments
 def test_every_plan_bitwise_with_none_under_jit(case, bits):
     d, n, plan, dropout, compute = case
     cfg = TransformerConfig(vocab_size=16, n_layer=n, d_model=d, n_head=2 if d % 8 == 0 else 1, d_ff=2 * d,
