@@ -102,10 +102,17 @@ def isolate(fn: Callable, operand, pred_value):
     if jax.config.jax_disable_jit:
         return fn(operand)
     pred = (lax.bitcast_convert_type(jnp.asarray(pred_value, jnp.float32), jnp.int32) >> 31) <= 0
-    shapes = jax.eval_shape(fn, operand)
-    if not all(jnp.issubdtype(s.dtype, jnp.number) or s.dtype == jnp.bool_ for s in _tree.tree_leaves(shapes)):
+    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(operand)
+    out_avals, out_tree = closed.out_avals, jax.tree_util.tree_structure(shapes)
+    if not all(jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_ for a in out_avals):
         return lax.cond(pred, fn, fn, operand)
-    return lax.cond(pred, fn, lambda _: _tree.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), operand)
+
+    def zeros(_):
+        leaves = [jnp.zeros(a.shape, a.dtype) for a in out_avals]
+        leaves = [z if a.memory_space == jcore.MemorySpace.Device else jax.device_put(z, a.memory_space)
+                  for z, a in zip(leaves, out_avals)]
+        return jax.tree_util.tree_unflatten(out_tree, leaves)
+    return lax.cond(pred, fn, zeros, operand)
 
 
 @dataclasses.dataclass
@@ -207,24 +214,20 @@ def _eval(jaxpr, consts, args, on_eqn=None) -> list:
     return [read(v) for v in jaxpr.outvars]
 
 
-def _read_vars(eqns, outvars) -> set:
-    """The variables read by ``eqns`` or returned (``outvars``)."""
-    return {v for e in eqns for v in e.invars if isinstance(v, jcore.Var)} | {
-        v for v in outvars if isinstance(v, jcore.Var)}
-
-
 class LayerProgram:
     """One layer's forward pass with its residuals, as jaxprs run isolated (:func:`isolate`).
 
     ``forward`` is the program of ``jax.vjp`` of the layer (``jit`` calls inlined), the same in
-    ``none`` and in every checkpointed segment. With a ``jax.checkpoint`` policy, the equations
-    whose outputs the policy saves (``policy(primitive, *avals, **params)``, as ``jax.checkpoint``
-    asks it, and every equation with an effect, as ``jax.checkpoint`` does) have their outputs
-    returned by ``forward`` too, and ``recompute`` is the same program with those outputs read
-    instead of computed. Nothing else is left out of ``recompute``: the values only a saved
-    equation read are still computed, and returned (so that they are kept, :func:`alive`), because
-    XLA fuses a value that fewer equations read otherwise (measured on XLA:CPU: with one reader
-    fewer, the residual add ``x + attn`` was fused into all its readers instead of written out).
+    ``none`` and in every checkpointed segment. Residuals computed from the layer's parameters,
+    per-layer inputs and constants alone (a LayerNorm weight broadcast to ``(1, 1, D)``, a weight
+    cast to the compute dtype) are not returned: :meth:`residuals` computes them again in the
+    backward pass, as the parameters themselves are read again there.
+
+    With a ``jax.checkpoint`` policy, the equations whose outputs the policy saves
+    (``policy(primitive, *avals, **params)``, as ``jax.checkpoint`` asks it; and every equation
+    with an effect, as ``jax.checkpoint`` does) have those of their outputs that the recompute
+    reads returned by ``forward`` too, and ``recompute`` is the same program with them read
+    instead of computed, dead code removed.
 
     Args:
         fn: ``(layer_params, carry, layer_xs, consts) -> (carry, y)``.
@@ -232,37 +235,56 @@ class LayerProgram:
         consts: list of arrays every layer reads.
         carry: the carry (or its avals).
         policy: a ``jax.checkpoint`` policy, or None (the forward pass saves nothing).
+        pred: the predicate value of :func:`isolate` (:func:`predicate`).
+        carry_out: with a policy, whether ``recompute`` also returns the carry and ``y`` (a
+            segment of several layers recomputes the next layer from the carry) or the residuals
+            only (then the forward pass saves only what they need).
     """
 
     def __init__(self, fn: Callable, params, xs, consts, carry, policy: Callable | None = None, pred=None,
                  carry_out: bool = True):
-        self.meta, self.policy, self.pred = Pullback(), policy, pred
+        self.meta, self.policy, self.pred, self.carry_out = Pullback(), policy, pred, carry_out
         args = (_abstract(params, True), _abstract(carry, False), _abstract(xs, True), _abstract(consts, False))
-        flat, self.in_tree = _tree.tree_flatten(args)
+        flat, in_tree = _tree.tree_flatten(args)
         out_trees = []
 
         def flat_fn(*leaves):
-            out = _vjp(fn, self.meta, *_tree.tree_unflatten(self.in_tree, leaves))
+            out = _vjp(fn, self.meta, *_tree.tree_unflatten(in_tree, leaves))
             leaves_out, tree = _tree.tree_flatten(out)
             out_trees.append(tree)
             return leaves_out
 
         traced = jax.make_jaxpr(flat_fn)(*flat)
         closed = jax.make_jaxpr(lambda *a: _eval(traced.jaxpr, traced.consts, a))(*flat)  # jit calls inlined
-        self.out_tree, self.n_out = out_trees[0], len(closed.jaxpr.outvars)
-        self.jaxpr, self.consts = pe.convert_constvars_jaxpr(closed.jaxpr), list(closed.consts)
-        self.n_kept = len(_tree.tree_leaves(_tree.tree_unflatten(self.out_tree, list(range(self.n_out)))[2]))
+        self.consts = list(closed.consts)
+        full = pe.convert_constvars_jaxpr(closed.jaxpr)  # consts become leading inputs
+        c_out, y, kept = _tree.tree_unflatten(out_trees[0], list(range(len(full.outvars))))
+        self.cy_tree, self.n_cy = _tree.tree_structure((c_out, y)), len(_tree.tree_leaves((c_out, y)))
+        n_p = len(_tree.tree_leaves(args[0]))
+        carry_vars = full.invars[len(self.consts) + n_p:len(self.consts) + n_p + len(_tree.tree_leaves(args[1]))]
+        self._split_kept(full, set(carry_vars))
         self.saved_vars: list = []
         if policy is not None:
             self._choose_saved(policy, carry_out)
 
-    def _choose_saved(self, policy: Callable, carry_out: bool) -> None:
-        """The values the forward pass keeps: outputs of equations the policy saves that the recompute reads.
+    def _split_kept(self, full, carry_vars: set) -> None:
+        """Residuals that depend on the carry stay outputs; the others get a program of their own."""
+        reads_carry = set(carry_vars)
+        for eqn in full.eqns:
+            if _has_effects(eqn) or any(isinstance(v, jcore.Var) and v in reads_carry for v in eqn.invars):
+                reads_carry.update(eqn.outvars)
+        kept = full.outvars[self.n_cy:]
+        self._stored = [k for k, v in enumerate(kept) if isinstance(v, jcore.Var) and v in reads_carry]
+        self._from_params = [k for k in range(len(kept)) if k not in self._stored]
+        self.n_kept_all = len(kept)
+        self.jaxpr = full.replace(outvars=full.outvars[:self.n_cy] + [kept[k] for k in self._stored])
+        self.n_out, self.n_kept = len(self.jaxpr.outvars), len(self._stored)
+        params_only = full.replace(outvars=[kept[k] for k in self._from_params])
+        self._params_jaxpr, self._params_inputs = pe.dce_jaxpr(params_only, [True] * len(self._from_params),
+                                                               instantiate=True)
 
-        The recompute is the forward program without the saved equations, their outputs read
-        instead, returning the residuals (and the carry and ``y`` when ``carry_out``), dead code
-        removed (``dce_jaxpr``).
-        """
+    def _choose_saved(self, policy: Callable, carry_out: bool) -> None:
+        """The values the forward pass keeps: outputs of equations the policy saves that the recompute reads."""
         eqns = self.jaxpr.eqns
         saved_eqns = set()
         for j, eqn in enumerate(eqns):
@@ -270,16 +292,13 @@ class LayerProgram:
             if _has_effects(eqn) or not isinstance(case, pe.RecomputeType):
                 saved_eqns.add(j)
         candidates = [v for j in sorted(saved_eqns) for v in eqns[j].outvars if not isinstance(v, jcore.DropVar)]
-        outvars = list(self.jaxpr.outvars)
-        if not carry_out:  # only the residuals (the flattened (carry, y, kept) ends with kept)
-            outvars = outvars[self.n_out - self.n_kept:]
+        outvars = list(self.jaxpr.outvars) if carry_out else list(self.jaxpr.outvars[self.n_cy:])
         n_in = len(self.jaxpr.invars)
         recompute = self.jaxpr.replace(invars=list(self.jaxpr.invars) + candidates, outvars=outvars,
                                        eqns=[e for j, e in enumerate(eqns) if j not in saved_eqns])
         self.recompute_jaxpr, used = pe.dce_jaxpr(recompute, [True] * len(outvars), instantiate=True)
         self.recompute_inputs = list(used[:n_in])
         self.saved_vars = [v for v, u in zip(candidates, used[n_in:]) if u]
-        self.carry_out = carry_out
         self._offload = {v: self._offload_of(policy, eqns[j]) for j in saved_eqns for v in eqns[j].outvars}
 
     @staticmethod
@@ -291,12 +310,24 @@ class LayerProgram:
         return self.consts + _tree.tree_leaves((take(params, i), c, take(xs, i), consts))
 
     def _outputs(self, out):
-        return _tree.tree_unflatten(self.out_tree, out[:self.n_out])
+        """``(carry, y, kept)`` from a flat output list (``kept``: the stored residuals)."""
+        c_out, y = _tree.tree_unflatten(self.cy_tree, list(out[:self.n_cy]))
+        return c_out, y, list(out[self.n_cy:self.n_out])
+
+    def residuals(self, params, xs, consts, i, stored: list) -> list:
+        """Every residual of layer ``i`` (the pullback's kept leaves): ``stored`` and those of its parameters."""
+        if not self._from_params:
+            return list(stored)
+        ins = self.consts + _tree.tree_leaves(take(params, i))
+        n_c = len(self.jaxpr.invars) - len(ins) - len(_tree.tree_leaves((take(xs, i), consts)))
+        ins = ins + [None] * n_c + _tree.tree_leaves((take(xs, i), consts))
+        computed = iter(_eval(self._params_jaxpr, [], [a for a, u in zip(ins, self._params_inputs) if u]))
+        stored = iter(stored)
+        return [next(stored) if k in self._stored else next(computed) for k in range(self.n_kept_all)]
 
     def stacks(self, n: int) -> list:
-        """Zero buffers for ``n`` layers' ``kept`` residuals (leading axis ``n``)."""
-        c_out, y, kept = self._outputs(self.jaxpr.outvars)
-        return [jnp.zeros((n,) + tuple(v.aval.shape), v.aval.dtype) for v in kept]
+        """Zero buffers for ``n`` layers' stored residuals (leading axis ``n``)."""
+        return [jnp.zeros((n,) + tuple(v.aval.shape), v.aval.dtype) for v in self.jaxpr.outvars[self.n_cy:]]
 
     def _stacked(self, out, stacks, j):
         """``(carry, y, kept)`` of ``out``; with ``stacks``, ``kept`` written into slot ``j`` of them."""
@@ -333,7 +364,8 @@ class LayerProgram:
     def recompute(self, params, xs, consts, i, c, saved: list, live=None, stacks=None, j=None):
         """Layer ``i`` again from carry ``c`` and what its forward pass saved: ``(carry, y, kept)``.
 
-        ``live``, ``stacks``, ``j``: as in :meth:`forward`.
+        ``live``, ``stacks``, ``j``: as in :meth:`forward`. Without ``carry_out`` the carry and ``y``
+        are None.
         """
         if self.policy is None:
             return self.forward(params, xs, consts, i, c, live, stacks, j)[:3]
@@ -343,7 +375,7 @@ class LayerProgram:
             ins = [a for a, u in zip(self._inputs(*rest), self.recompute_inputs) if u]
             out = _eval(self.recompute_jaxpr, [], ins + [self._to_device(v, x) for v, x in zip(self.saved_vars, saved)])
             if not self.carry_out:
-                out = [None] * (self.n_out - self.n_kept) + list(out)
+                out = [None] * self.n_cy + list(out)
             return self._stacked(out, stacks, j)
         return isolate(run, (params, xs, consts, i, c, saved, stacks, j), self._pred(live))
 

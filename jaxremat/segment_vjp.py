@@ -199,11 +199,12 @@ class _Stack:
         The stacked residuals are sliced inside (a slice taken outside would be a copy); the
         predicate reads ``live``.
         """
-        meta = self.program().meta
+        prog = self.program()
 
         def run(op):
             params, xs, consts, i, res, j, ct_c, ct_y = op
-            p, x, kept = take(params, i), take(xs, i), take(res, j)
+            p, x = take(params, i), take(xs, i)
+            kept, meta = prog.residuals(params, xs, consts, i, take(res, j)), prog.meta
             dp, dc, dx, dk = rebuild(meta, kept, p, x, consts)((_cotangent(self.carry_template, ct_c), ct_y))
             return (_ct_slots(dc, self.carry_template), _ct_slots(dp, self.params), _ct_slots(dx, self.xs),
                     _ct_slots(dk, self.consts))
