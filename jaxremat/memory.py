@@ -83,9 +83,12 @@ def _residual_jaxpr(fn: Callable, args: tuple) -> tuple[_core.Jaxpr, list]:
 
 
 def _is_view(eqn) -> bool:
-    """True for a layout-only equation: a view primitive, or a broadcast that only adds unit axes."""
+    """True for a layout-only equation: a view primitive, a broadcast that only adds unit axes, or a
+    one-entry in-place add (:func:`jaxremat.layer_pass.tie`: ``x + -0.0`` at one index, same bits)."""
     name = eqn.primitive.name
     if name in _VIEW_PRIMITIVES:
+        return True
+    if name == "scatter-add" and len(eqn.invars) == 3 and int(np.prod(eqn.invars[2].aval.shape)) == 1:
         return True
     if name == "broadcast_in_dim" and eqn.invars and not isinstance(eqn.invars[0], _core.Literal):
         return int(np.prod(eqn.invars[0].aval.shape)) == int(np.prod(eqn.outvars[0].aval.shape))
