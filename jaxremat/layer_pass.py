@@ -223,11 +223,10 @@ class LayerProgram:
     cast to the compute dtype) are not returned: :meth:`residuals` computes them again in the
     backward pass, as the parameters themselves are read again there.
 
-    With a ``jax.checkpoint`` policy, the equations whose outputs the policy saves
-    (``policy(primitive, *avals, **params)``, as ``jax.checkpoint`` asks it; and every equation
-    with an effect, as ``jax.checkpoint`` does) have those of their outputs that the recompute
-    reads returned by ``forward`` too, and ``recompute`` is the same program with them read
-    instead of computed, dead code removed.
+    With a ``jax.checkpoint`` policy, the values the policy saves (``policy(primitive, *avals,
+    **params)``, asked as ``jax.checkpoint`` asks it, offloaded where it says so) that the
+    recompute reads are returned by ``forward`` too, and ``recompute`` is the same program with
+    them read instead of computed (:meth:`_choose_saved`).
 
     Args:
         fn: ``(layer_params, carry, layer_xs, consts) -> (carry, y)``.
@@ -281,30 +280,26 @@ class LayerProgram:
         self.n_out, self.n_kept = len(self.jaxpr.outvars), len(self._stored)
         params_only = full.replace(outvars=[kept[k] for k in self._from_params])
         self._params_jaxpr, self._params_inputs = pe.dce_jaxpr(params_only, [True] * len(self._from_params),
-                                                               instantiate=True)
+                                                               instantiate=False)
 
     def _choose_saved(self, policy: Callable, carry_out: bool) -> None:
-        """The values the forward pass keeps: outputs of equations the policy saves that the recompute reads."""
-        eqns = self.jaxpr.eqns
-        saved_eqns = set()
-        for j, eqn in enumerate(eqns):
-            case = pe.ensure_enum(policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params))
-            if _has_effects(eqn) or not isinstance(case, pe.RecomputeType):
-                saved_eqns.add(j)
-        candidates = [v for j in sorted(saved_eqns) for v in eqns[j].outvars if not isinstance(v, jcore.DropVar)]
-        outvars = list(self.jaxpr.outvars) if carry_out else list(self.jaxpr.outvars[self.n_cy:])
-        n_in = len(self.jaxpr.invars)
-        recompute = self.jaxpr.replace(invars=list(self.jaxpr.invars) + candidates, outvars=outvars,
-                                       eqns=[e for j, e in enumerate(eqns) if j not in saved_eqns])
-        self.recompute_jaxpr, used = pe.dce_jaxpr(recompute, [True] * len(outvars), instantiate=True)
-        self.recompute_inputs = list(used[:n_in])
-        self.saved_vars = [v for v, u in zip(candidates, used[n_in:]) if u]
-        self._offload = {v: self._offload_of(policy, eqns[j]) for j in saved_eqns for v in eqns[j].outvars}
+        """What the forward pass keeps, by ``jax.checkpoint``'s own partial evaluation of the program.
 
-    @staticmethod
-    def _offload_of(policy, eqn):
-        case = pe.ensure_enum(policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params))
-        return case if isinstance(case, pe.Offloadable) else None
+        ``partial_eval_jaxpr_custom`` with every input known splits the forward program into the
+        program with its saved values as extra outputs (the forward pass; nested ``scan`` /
+        ``cond`` / ``jit`` programs split by their own rules) and the program that computes the
+        residuals (and the carry and ``y`` with ``carry_out``) again from those values and the
+        inputs (the recompute), dead code removed.
+        """
+        jaxpr = self.jaxpr
+        n_in, n_out = len(jaxpr.invars), len(jaxpr.outvars)
+        known, staged, _, _, n_res = pe.partial_eval_jaxpr_custom(
+            jaxpr, [False] * n_in, [True] * n_in, [True] * n_out, [True] * n_out, policy)
+        residuals = list(known.outvars[len(known.outvars) - n_res:])
+        staged, used = pe.dce_jaxpr(staged, [carry_out or k >= self.n_cy for k in range(n_out)], instantiate=False)
+        self.saved_vars = [v for v, u in zip(residuals, used[:n_res]) if u]
+        self.recompute_jaxpr, self.recompute_inputs = staged, list(used[n_res:])
+        self.forward_jaxpr = known.replace(outvars=list(jaxpr.outvars) + self.saved_vars)
 
     def _inputs(self, params, xs, consts, i, c) -> list:
         return self.consts + _tree.tree_leaves((take(params, i), c, take(xs, i), consts))
@@ -344,22 +339,13 @@ class LayerProgram:
         the computation's outputs would be a second copy of one layer's residuals). ``live``
         (:func:`alive`) is read by the predicate: the computation waits for it.
         """
-        jaxpr = self.jaxpr.replace(outvars=list(self.jaxpr.outvars) + self.saved_vars)
+        jaxpr = self.jaxpr if self.policy is None else self.forward_jaxpr
 
         def run(op):
             *ins, stacks, j = op
             out = _eval(jaxpr, [], self._inputs(*ins))
-            saved = [self._to_host(v, x) for v, x in zip(self.saved_vars, out[self.n_out:])]
-            return (*self._stacked(out, stacks, j), saved)
+            return (*self._stacked(out, stacks, j), list(out[self.n_out:]))
         return isolate(run, (params, xs, consts, i, c, stacks, j), self._pred(live))
-
-    def _to_host(self, var, x):
-        case = self._offload.get(var) if self.policy is not None else None
-        return x if case is None else jax.device_put(x, jcore.mem_kind_to_space(case.dst))
-
-    def _to_device(self, var, x):
-        case = self._offload.get(var) if self.policy is not None else None
-        return x if case is None else jax.device_put(x, jcore.mem_kind_to_space(case.src))
 
     def recompute(self, params, xs, consts, i, c, saved: list, live=None, stacks=None, j=None):
         """Layer ``i`` again from carry ``c`` and what its forward pass saved: ``(carry, y, kept)``.
@@ -373,7 +359,7 @@ class LayerProgram:
         def run(op):
             *rest, saved, stacks, j = op
             ins = [a for a, u in zip(self._inputs(*rest), self.recompute_inputs) if u]
-            out = _eval(self.recompute_jaxpr, [], ins + [self._to_device(v, x) for v, x in zip(self.saved_vars, saved)])
+            out = _eval(self.recompute_jaxpr, [], list(saved) + ins)
             if not self.carry_out:
                 out = [None] * self.n_cy + list(out)
             return self._stacked(out, stacks, j)
