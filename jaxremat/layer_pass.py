@@ -79,12 +79,16 @@ def alive(*trees, alive=None):
 
 
 def predicate(tree):
-    """A float32 scalar read from ``tree`` (its first numeric entry) for :func:`isolate`'s predicate.
+    """A float32 scalar read from ``tree`` for :func:`isolate`'s predicate: its first numeric entry
+    that is traced (a ``jax.core.Tracer``), else its first numeric entry.
 
-    Give it values that are not batched under ``jax.vmap`` (a stack's parameters): a batched
-    predicate turns ``lax.cond`` into a select that runs both branches.
+    A traced value, because XLA folds a predicate computed from constants, and then inlines the
+    branch. Give values that are not batched under ``jax.vmap`` first (a stack's parameters): a
+    batched predicate turns ``lax.cond`` into a select that runs both branches.
     """
-    entries = _entries(tree)
+    leaves = [a for a in _tree.tree_leaves(tree) if _entries([a])]
+    traced = [a for a in leaves if isinstance(a, jax.core.Tracer)]
+    entries = _entries((traced or leaves)[:1])
     return jnp.real(entries[0]).astype(jnp.float32) if entries else jnp.float32(0.0)
 
 

@@ -62,7 +62,7 @@ def _stats(x, eps):
 
 def _layer_norm_parts(x, weight, bias, eps):
     # the statistics as a computation of their own (module docstring, "Bits")
-    mean, rstd = isolate(lambda x: _stats(x, eps), x, predicate(weight))
+    mean, rstd = isolate(lambda x: _stats(x, eps), x, predicate((weight, x)))
     centred = x - mean
     normed = centred * rstd
     return normed * weight + bias, normed, rstd

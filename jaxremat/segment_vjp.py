@@ -168,10 +168,10 @@ class _Stack:
     that nothing reads are read into a value that is (:func:`jaxremat.layer_pass.tie`).
     """
 
-    def __init__(self, fn, params, xs, consts, policy, carry_template, ct_ys=None):
+    def __init__(self, fn, params, xs, consts, policy, carry_template, pred_source, ct_ys=None):
         self.fn, self.params, self.xs, self.consts, self.policy = fn, params, xs, consts, policy
         self.carry_template, self.ct_ys = carry_template, ct_ys
-        self.pred = predicate((params, consts, xs))
+        self.pred = predicate(pred_source)
         self._programs: dict = {}
 
     def program(self, policy=None, carry_out: bool = True) -> LayerProgram:
@@ -320,6 +320,21 @@ class _Stack:
         return lax.scan(lambda st, s: (segment(st, s), None), state, jnp.arange(g.n_seg), reverse=True)[0]
 
 
+def _predicate_source(params, consts, xs) -> Callable:
+    """``(params, consts, xs, carry_or_cotangent) -> value`` for the isolated computations' predicate.
+
+    The first leaf of ``params``, ``consts`` or ``xs`` that is traced where the stack is called
+    (a value XLA cannot fold; arrays closed over by the caller are constants), else the carry
+    (the cotangent in the backward pass). Parameters first: they are not batched under ``jax.vmap``.
+    """
+    groups = (params, consts, xs)
+    for g, tree in enumerate(groups):
+        for j, leaf in enumerate(_tree.tree_leaves(tree)):
+            if isinstance(leaf, jax.core.Tracer) and jnp.issubdtype(jnp.result_type(leaf), jnp.number):
+                return lambda *trees, g=g, j=j: _tree.tree_leaves(trees[g])[j]
+    return lambda *trees: trees[3]
+
+
 def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list, segments: tuple[Segment, ...],
                    policy: "Callable | None | Sequence[Callable | None]") -> tuple[Any, Any]:
     """Run ``fn`` over the stacked layers under ``segments``, differentiated by the reverse segment loop.
@@ -354,13 +369,14 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
                              "give one per segment, or one policy for all")
         per_segment, policy = tuple(policy), None
     carry_template = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), carry)
+    source = _predicate_source(params, consts, xs)
 
     @jax.custom_vjp
     def run(params, carry, xs, consts):
-        return _Stack(fn, params, xs, consts, policy, carry_template).plain(0, n_layer, carry)
+        return _Stack(fn, params, xs, consts, policy, carry_template, None).plain(0, n_layer, carry)
 
     def run_fwd(params, carry, xs, consts):
-        stack = _Stack(fn, params, xs, consts, policy, carry_template)
+        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, carry))
         c, ys, residuals, live = stack.forward(segments, 0, carry, alive(), per_segment)
         if _groups(segments, stack._policies(segments, per_segment))[-1].checkpointed:
             # the last segment's unused residuals: read into its boundary
@@ -371,7 +387,7 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
     def run_bwd(saved, ct):
         params, xs, consts, residuals = saved
         ct_c, ct_ys = ct
-        stack = _Stack(fn, params, xs, consts, policy, carry_template, ct_ys=ct_ys)
+        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, ct_c), ct_ys=ct_ys)
         state = (_ct_slots(ct_c, carry_template), _zeros(params), _zeros(xs), _zeros(consts))
         ct_c, gp, gx, gk = stack.backward(segments, 0, residuals, state, alive(), per_segment)
         unflat = lambda tree, slots: _tree.tree_unflatten(_tree.tree_structure(tree), slots)
