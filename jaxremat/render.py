@@ -222,7 +222,7 @@ def remat_scan(
             segments = _one_layer_segments(segments)
         per_segment = (tuple(policy_of(s.policy) for s in segments) if any(s.policy is not None for s in segments)
                        else jax_policy)
-        return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs)
+        return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs, save)
     return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of)
 
 
@@ -272,14 +272,14 @@ def _segment_policies(default: Callable | None, save_custom_vjp: bool) -> Callab
     return policy_of
 
 
-def _reverse_loop(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs):
+def _reverse_loop(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, lean=False):
     """``method="reverse_loop"``: closure-convert one layer and hand it to :func:`remat_segments`."""
     def layer(p, c, x):
         out = block_fn(p, c, x)
         return out if with_outputs else (out, None)
 
     fn, consts = _closure_convert(layer, stacked_params, carry, xs)
-    out, ys = remat_segments(fn, stacked_params, carry, xs, consts, segments, jax_policy)
+    out, ys = remat_segments(fn, stacked_params, carry, xs, consts, segments, jax_policy, lean)
     return (out, ys) if with_outputs else out
 
 

@@ -168,9 +168,9 @@ class _Stack:
     that nothing reads are read into a value that is (:func:`jaxremat.layer_pass.tie`).
     """
 
-    def __init__(self, fn, params, xs, consts, policy, carry_template, pred_source, ct_ys=None):
+    def __init__(self, fn, params, xs, consts, policy, carry_template, pred_source, ct_ys=None, lean=False):
         self.fn, self.params, self.xs, self.consts, self.policy = fn, params, xs, consts, policy
-        self.carry_template, self.ct_ys = carry_template, ct_ys
+        self.carry_template, self.ct_ys, self.lean = carry_template, ct_ys, lean
         self.pred = predicate(pred_source)
         self._programs: dict = {}
 
@@ -237,7 +237,7 @@ class _Stack:
                 (c, res, live), ys = _scan(step, (c, self._stacks(prog, n, alive(c)), live), n)
                 res = _one_layer(res, n)
             else:  # keep the boundary; run the layers as a plain segment does, their residuals unused
-                prog = self.program(g.policy if g.inner is None else None, g.k > 1)
+                prog = self.program(g.policy if g.inner is None else None, g.k > 1 or not self.lean)
 
                 def step(carry, s, a=a, g=g, prog=prog):
                     def layer(carry, j):
@@ -305,7 +305,7 @@ class _Stack:
                 inner = g.inner.segments_for(g.k)
                 c, ys, inner_res, live = self.forward(inner, start, b, live)
                 return self.backward(inner, start, inner_res, state, alive(c, ys, alive=live))
-            prog, seg_saved = self.program(g.policy, g.k > 1), take(saved, s)
+            prog, seg_saved = self.program(g.policy, g.k > 1 or not self.lean), take(saved, s)
 
             def layer(carry, j):
                 c, stacks = carry
@@ -336,7 +336,7 @@ def _predicate_source(params, consts, xs) -> Callable:
 
 
 def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list, segments: tuple[Segment, ...],
-                   policy: "Callable | None | Sequence[Callable | None]") -> tuple[Any, Any]:
+                   policy: "Callable | None | Sequence[Callable | None]", lean: bool = False) -> tuple[Any, Any]:
     """Run ``fn`` over the stacked layers under ``segments``, differentiated by the reverse segment loop.
 
     Args:
@@ -352,6 +352,12 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
             ``nested`` it applies to the inner segments), or a tuple or list of them, one per
             segment in ``segments`` (a segment plan's per-segment policies; equal entries must be
             the same object for their segments to run as one group).
+        lean: a checkpointed one-layer segment under a policy saves only what its residuals need
+            (its recompute does not rebuild its output carry), where by default it saves what every
+            segment saves per layer, the carry's needs included (so that saved bytes are linear in
+            a segment's length). ``remat_scan`` sets it under ``custom_vjp_residuals="save"``: a
+            saved value the carry reads would change the forward pass's program (see
+            :func:`jaxremat.render.remat_scan`).
 
     Raises:
         ValueError: a per-segment ``policy`` of another length than ``segments``.
@@ -376,7 +382,7 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         return _Stack(fn, params, xs, consts, policy, carry_template, None).plain(0, n_layer, carry)
 
     def run_fwd(params, carry, xs, consts):
-        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, carry))
+        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, carry), lean=lean)
         c, ys, residuals, live = stack.forward(segments, 0, carry, alive(), per_segment)
         if _groups(segments, stack._policies(segments, per_segment))[-1].checkpointed:
             # the last segment's unused residuals: read into its boundary
@@ -387,7 +393,8 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
     def run_bwd(saved, ct):
         params, xs, consts, residuals = saved
         ct_c, ct_ys = ct
-        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, ct_c), ct_ys=ct_ys)
+        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, ct_c), ct_ys=ct_ys,
+                       lean=lean)
         state = (_ct_slots(ct_c, carry_template), _zeros(params), _zeros(xs), _zeros(consts))
         ct_c, gp, gx, gk = stack.backward(segments, 0, residuals, state, alive(), per_segment)
         unflat = lambda tree, slots: _tree.tree_unflatten(_tree.tree_structure(tree), slots)
