@@ -5,7 +5,8 @@ The library, importable from here: schedules and plans (:func:`parse_plan`, :fun
 ``nested``), the JAX renderers (:func:`remat_scan` for any stacked layer function;
 :func:`remat_stack`, :class:`RematStack`, :func:`linen_remat_stack` for Flax NNX and Linen blocks;
 :func:`to_jax_policy`), the plan lint (:func:`check_plan`), the compiled-saving check
-(:func:`survival_check`) and the memory measurements (:func:`saved_residuals`,
+(:func:`survival_check`), the remat doctor for any loss or train step (:func:`doctor`,
+:class:`Diagnosis`; ``python -m jaxremat.doctor``) and the memory measurements (:func:`saved_residuals`,
 :func:`compiled_memory`, :func:`compiled_stats`, ...). ``__all__`` lists every public name;
 ``jaxremat.render``, ``jaxremat.flax``, ``jaxremat.memory`` and the other submodules are reached
 as attributes too.
@@ -45,6 +46,7 @@ _NAMES = {
     **dict.fromkeys(("make_mesh", "parse_mesh", "param_shardings", "batch_sharding", "check_divides"), ".sharding"),
     # measurements
     **dict.fromkeys(("survival_check", "Survival"), ".survival"),
+    **dict.fromkeys(("doctor", "Diagnosis"), ".doctor"),
     **dict.fromkeys(("ResidualRecord", "saved_residuals", "saved_activation_bytes", "compiled_memory",
                      "compiled_stats", "device_peak_bytes", "gpu_available"), ".memory"),
 }

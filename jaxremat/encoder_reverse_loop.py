@@ -1,10 +1,11 @@
 """The hand-rolled reverse segment loop of :mod:`jaxremat.reverse_loop`, for the BERT encoder.
 
 The same algorithm (Chen et al. 2016, arXiv:1604.06174, Algorithm 1) with ``jax.vjp`` and no
-``checkpoint``: embed (pullback kept); per segment keep the boundary and run it plainly
-(checkpointed) or under ``jax.vjp`` (not checkpointed); pool + contrastive loss under ``jax.vjp``;
-then the segments in reverse, each checkpointed one recomputed from its boundary by ``jax.vjp``,
-and finally the embedding's pullback. The padding mask is the same closure as in
+``checkpoint``, and the same segment loop (:func:`jaxremat.reverse_loop.forward_segments`,
+:func:`jaxremat.reverse_loop.backward_segments`): embed (pullback kept); per segment keep the
+boundary and run it plainly (checkpointed) or under ``jax.vjp`` (not checkpointed); pool +
+contrastive loss under ``jax.vjp``; then the segments in reverse, each checkpointed one recomputed
+from its boundary by ``jax.vjp``, and finally the embedding's pullback. The padding mask is the same closure as in
 :func:`jaxremat.encoder.encode`; dropout keys are split exactly as there. An independent value
 reference for :func:`jaxremat.render.remat_scan` on the encoder (op by op it is bitwise equal).
 """
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 from .encoder import contrastive_loss, embed, encoder_block_forward, mean_pool, padding_mask
 from .model import block_params_of, layer_dropout_keys
 from .models.config import TransformerConfig
-from .models.block import BLOCK_PARAM_NAMES
+from .reverse_loop import backward_segments, forward_segments
 from .spec.schedules import Schedule
 
 __all__ = ["reverse_loop_value_and_grad"]
@@ -55,32 +56,13 @@ def reverse_loop_value_and_grad(
             return x
         return run
 
-    def layers_of(start, stop):
-        return [{name: blocks[name][i] for name in BLOCK_PARAM_NAMES} for i in range(start, stop)]
-
     x, embed_vjp = jax.vjp(embed_fn, *(params[n] for n in _EMBED_NAMES))
     segments = schedule.segments_for(cfg.n_layer)
-    boundaries, pullbacks = [], {}
-    for i, seg in enumerate(segments):
-        boundaries.append(x)
-        if seg.checkpointed:
-            x = segment_fn(seg.start)(layers_of(seg.start, seg.stop), x)
-        else:
-            x, pullbacks[i] = jax.vjp(segment_fn(seg.start), layers_of(seg.start, seg.stop), x)
+    x, boundaries, pullbacks = forward_segments(segment_fn, blocks, segments, x)
 
     loss, head_vjp = jax.vjp(lambda h: contrastive_loss(mean_pool(h, mask)), x)
     (g_x,) = head_vjp(jnp.ones_like(loss))
 
-    layer_grads: list = [None] * cfg.n_layer
-    for i in reversed(range(len(segments))):
-        seg = segments[i]
-        pullback = pullbacks.get(i)
-        if pullback is None:
-            _, pullback = jax.vjp(segment_fn(seg.start), layers_of(seg.start, seg.stop), boundaries[i])
-        g_layers, g_x = pullback(g_x)
-        layer_grads[seg.start:seg.stop] = g_layers
-
-    grads = dict(zip(_EMBED_NAMES, embed_vjp(g_x)))
-    for name in BLOCK_PARAM_NAMES:
-        grads[name] = jnp.stack([g[name] for g in layer_grads])
+    g_x, block_grads = backward_segments(segment_fn, blocks, segments, boundaries, pullbacks, g_x, cfg.n_layer)
+    grads = {**dict(zip(_EMBED_NAMES, embed_vjp(g_x))), **block_grads}
     return loss, {k: grads[k] for k in params}

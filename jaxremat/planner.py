@@ -161,7 +161,7 @@ def block_options(block: Callable, params: Any, x: Any, policies: Sequence = DEF
 def _gpt_block(cfg: TransformerConfig, batch: int, seq: int):
     if batch < 1 or not 1 <= seq <= cfg.max_seq_len:
         raise ValueError(f"need batch >= 1 and 1 <= seq <= {cfg.max_seq_len}, got batch={batch}, seq={seq}")
-    if getattr(cfg, "arch", "gpt") != "gpt":
+    if cfg.arch != "gpt":
         raise ValueError(f"gpt_block_options plans the GPT block; cfg.arch is {cfg.arch!r} (use block_options "
                          "with that family's block function)")
     dtype = jnp.dtype(cfg.dtype)
@@ -242,7 +242,7 @@ def model_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence
     Raises:
         ValueError: a family without a planner chain, or as that family's chain builder.
     """
-    return get_model(getattr(cfg, "arch", "gpt")).load("jax_planner_chain")(cfg, batch, seq, policies)
+    return get_model(cfg.arch).load("jax_planner_chain")(cfg, batch, seq, policies)
 
 
 def plan_model(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,

@@ -41,8 +41,9 @@ from jax import lax
 from .custom_vjp import check_custom_vjp_residuals, custom_vjp_policy, save_custom_vjp_residuals
 from .policies import policy_name, to_jax_policy
 from .segment_vjp import remat_segments
-from .spec.plan import check_default_policy
-from .spec.schedules import Schedule, Segment, parse_schedule
+from .spec.lint import resolve_plan
+from .spec.plan import RematPlan, check_default_policy
+from .spec.schedules import Schedule, Segment
 
 __all__ = ["METHODS", "ScanGroup", "plan_groups", "remat_scan", "stack_depth"]
 
@@ -134,7 +135,7 @@ def remat_scan(
     block_fn: Callable[[Any, Any, Any], Any],
     stacked_params: Any,
     carry: Any,
-    schedule: Schedule | str,
+    schedule: Schedule | RematPlan | str,
     *,
     xs: Any = None,
     policy: Any = None,
@@ -154,7 +155,10 @@ def remat_scan(
         carry: pytree threaded through the layers (e.g. the (B, T, D) residual stream).
         schedule: a :mod:`jaxremat.spec.schedules` value or its name (``"sqrt"``,
             ``"every_k(2)"``, ``"nested(sqrt,sqrt)"``, a segment plan
-            ``"plan(3*2+save_dots,1+attention_only,4:store)"``), resolved with ``segments_for(N)``.
+            ``"plan(3*2+save_dots,1+attention_only,4:store)"``), resolved with ``segments_for(N)``;
+            or a whole plan, schedule and policy together (a :class:`jaxremat.spec.plan.RematPlan`
+            or its name, ``"sqrt+save_dots"``), read as :func:`torchref.render.forward_blocks`
+            reads it (:func:`jaxremat.spec.lint.resolve_plan`).
         xs: optional extra per-layer pytree with leading axis N (e.g. (N,) dropout keys); the
             same slice is fed to the recompute, so random masks are reproduced exactly.
         policy: what a checkpointed segment keeps inside itself: a policy name or
@@ -196,7 +200,8 @@ def remat_scan(
             ``s > N``, a segment plan whose lengths do not sum to N), ``custom_vjp_residuals`` is
             not ``"recompute"`` or ``"save"``, or a ``policy`` that keeps something while every
             checkpointed segment of a segment plan names its own
-            (:func:`jaxremat.spec.plan.check_default_policy`).
+            (:func:`jaxremat.spec.plan.check_default_policy`), or a plan that names a policy
+            given together with ``policy=``.
 
     Warns:
         RematPolicyWarning: ``custom_vjp_residuals="save"`` on a block with no ``jax.custom_vjp`` op.
@@ -206,7 +211,7 @@ def remat_scan(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    schedule = parse_schedule(schedule) if isinstance(schedule, str) else schedule
+    schedule, policy = resolve_plan(schedule, policy)
     jax_policy = to_jax_policy(policy)
     n_layer = stack_depth(stacked_params, xs)
     segments = schedule.segments_for(n_layer)

@@ -34,12 +34,56 @@ from .models.config import TransformerConfig
 from .models.block import BLOCK_PARAM_NAMES
 from .spec.schedules import Schedule
 
-__all__ = ["reverse_loop_value_and_grad"]
+__all__ = ["backward_segments", "forward_segments", "reverse_loop_value_and_grad"]
 
 
 def _layers(blocks: dict, start: int, stop: int) -> list[dict]:
     """Per-layer parameter dicts (no layer axis) for layers ``[start, stop)``."""
     return [{name: blocks[name][i] for name in BLOCK_PARAM_NAMES} for i in range(start, stop)]
+
+
+def forward_segments(segment_fn, blocks: dict, segments, x):
+    """Step 1 of the loop: for each segment keep its input (boundary) and run it -- plainly when it is
+    checkpointed (nothing inside kept), under ``jax.vjp`` when it is not (everything kept).
+
+    Args:
+        segment_fn: ``start -> (layers, x) -> x``, the blocks of a segment starting at layer ``start``.
+        blocks: the stacked block parameters (:func:`jaxremat.model.block_params_of`).
+        segments: the schedule's segments at this depth.
+        x: the stack's input.
+
+    Returns:
+        ``(x, boundaries, pullbacks)``: the stack's output, each segment's input, and the pullbacks of
+        the segments that are not checkpointed (by segment index).
+    """
+    boundaries, pullbacks = [], {}
+    for i, seg in enumerate(segments):
+        boundaries.append(x)
+        layers = _layers(blocks, seg.start, seg.stop)
+        if seg.checkpointed:
+            x = segment_fn(seg.start)(layers, x)
+        else:
+            x, pullbacks[i] = jax.vjp(segment_fn(seg.start), layers, x)
+    return x, boundaries, pullbacks
+
+
+def backward_segments(segment_fn, blocks: dict, segments, boundaries, pullbacks, g_x, n_layer: int):
+    """Step 3 of the loop: the segments in reverse, each checkpointed one recomputed from its boundary by
+    ``jax.vjp`` (the recompute), then pulled back.
+
+    Returns:
+        ``(g_x, layer_grads)``: the cotangent of the stack's input and the block gradients stacked on a
+        leading layer axis, one array per name of :data:`jaxremat.models.block.BLOCK_PARAM_NAMES`.
+    """
+    layer_grads: list[dict] = [None] * n_layer
+    for i in reversed(range(len(segments))):
+        seg = segments[i]
+        pullback = pullbacks.get(i)
+        if pullback is None:
+            _, pullback = jax.vjp(segment_fn(seg.start), _layers(blocks, seg.start, seg.stop), boundaries[i])
+        g_layers, g_x = pullback(g_x)
+        layer_grads[seg.start:seg.stop] = g_layers
+    return g_x, {name: jnp.stack([g[name] for g in layer_grads]) for name in BLOCK_PARAM_NAMES}
 
 
 def reverse_loop_value_and_grad(
@@ -83,33 +127,17 @@ def reverse_loop_value_and_grad(
     # 1. forward, keeping boundaries (and full pullbacks only for segments not checkpointed)
     x, embed_vjp = jax.vjp(embed_fn, params["wte"], params["wpe"])
     segments = schedule.segments_for(n_layer)
-    boundaries, pullbacks = [], {}
-    for i, seg in enumerate(segments):
-        boundaries.append(x)
-        layers = _layers(blocks, seg.start, seg.stop)
-        if seg.checkpointed:
-            x = segment_fn(seg.start)(layers, x)
-        else:
-            x, pullbacks[i] = jax.vjp(segment_fn(seg.start), layers, x)
+    x, boundaries, pullbacks = forward_segments(segment_fn, blocks, segments, x)
 
     # 2. head and loss
     loss, head_vjp = jax.vjp(head_loss, x, params["wte"], params["ln_f.weight"], params["ln_f.bias"])
     g_x, g_wte_head, g_ln_w, g_ln_b = head_vjp(jnp.ones_like(loss))
 
     # 3. segments in reverse: recompute (vjp from the boundary) then pull back
-    layer_grads: list[dict] = [None] * n_layer
-    for i in reversed(range(len(segments))):
-        seg = segments[i]
-        pullback = pullbacks.get(i)
-        if pullback is None:
-            _, pullback = jax.vjp(segment_fn(seg.start), _layers(blocks, seg.start, seg.stop), boundaries[i])
-        g_layers, g_x = pullback(g_x)
-        layer_grads[seg.start:seg.stop] = g_layers
+    g_x, block_grads = backward_segments(segment_fn, blocks, segments, boundaries, pullbacks, g_x, n_layer)
 
     # 4. embedding
     g_wte_embed, g_wpe = embed_vjp(g_x)
-    grads = {"wte": g_wte_head + g_wte_embed, "wpe": g_wpe}
-    for name in BLOCK_PARAM_NAMES:
-        grads[name] = jnp.stack([g[name] for g in layer_grads])
+    grads = {"wte": g_wte_head + g_wte_embed, "wpe": g_wpe, **block_grads}
     grads["ln_f.weight"], grads["ln_f.bias"] = g_ln_w, g_ln_b
     return loss, {k: grads[k] for k in params}

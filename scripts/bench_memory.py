@@ -14,7 +14,7 @@ For each model (depth N x width D x batch B) it prints, side by side in one run:
   - ``unrolled+ckpt``: the same with ``jax.checkpoint`` around each block;
 
 * PyTorch (``torchref``, eager): peak activation bytes of one forward+backward step
-  (:func:`parity.cases.sweep.measure_torch`: storages allocated during the step) per schedule.
+  (:meth:`parity.runners.torch_framework.TorchFramework.measure_plan`: storages allocated during the step) per schedule.
 
 Every ratio is to JAX ``unrolled`` (no remat) of the same model. Nothing is timed: memory plans are
 deterministic. One config is parameter-dominated (batch 1, the wider model), where a parameter

@@ -138,3 +138,113 @@ def test_imports_inside_functions_only_defer_heavy_frameworks_and_say_so():
             unmarked.append(str(path.relative_to(ROOT)))
     assert not bad, "imports inside functions that defer nothing heavy (move them to the top):\n" + "\n".join(bad)
     assert not unmarked, f"modules with imports inside functions but no {MARKER!r} comment:\n" + "\n".join(unmarked)
+
+
+# ------------------------------------------------------------------------ the framework axis
+FRAMEWORK_ROOTS = {"jax": {"jax", "jaxlib", "flax", "optax"}, "torch": {"torch"}}
+FRAMEWORK_NAMES = {"jax", "torch"}
+DOOR = "parity.runners"  # the one place of parity that may tell the frameworks apart
+
+
+def _all_imports(mod: str, path: Path, tree: ast.Module):
+    """Every module imported anywhere in ``tree`` (inside functions too), with the names taken."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield from _imports(mod, path, node)
+
+
+@lru_cache(maxsize=None)
+def _frameworks_loaded(mod: str) -> frozenset:
+    """The frameworks importing ``mod`` can load: its own imports (deferred ones included), and what the
+    project modules it imports load at their top level, transitively."""
+    path, tree = _modules()[mod]
+    found = set()
+    for base, names in _all_imports(mod, path, tree):
+        found |= {fw for fw, roots in FRAMEWORK_ROOTS.items() if base.split(".")[0] in roots}
+        for target in [base] + [f"{base}.{n}" for n in names]:
+            dep = _project(target)
+            if dep and dep != mod and not mod.startswith(dep + "."):
+                found |= _top_level_frameworks(dep)
+    return frozenset(found)
+
+
+@lru_cache(maxsize=None)
+def _top_level_frameworks(mod: str) -> frozenset:
+    path, tree = _modules()[mod]
+    found = set()
+    for node in _top_level(tree):
+        for base, names in _imports(mod, path, node):
+            found |= {fw for fw, roots in FRAMEWORK_ROOTS.items() if base.split(".")[0] in roots}
+            for target in [base] + [f"{base}.{n}" for n in names]:
+                dep = _project(target)
+                if dep and dep != mod and not mod.startswith(dep + "."):
+                    found |= _top_level_frameworks(dep)
+    return frozenset(found)
+
+
+def _outside_the_door(mod: str) -> bool:
+    return mod.startswith("parity") and not (mod == DOOR or mod.startswith(DOOR + "."))
+
+
+def test_no_harness_module_outside_the_runners_loads_both_frameworks():
+    both = sorted(m for m in _modules() if _outside_the_door(m) and _frameworks_loaded(m) == set(FRAMEWORK_ROOTS))
+    assert not both, ("modules of parity outside parity/runners/ that import JAX and PyTorch both (go through "
+                      "parity.runners.framework.get_framework):\n" + "\n".join(both))
+
+
+def _names_a_framework(node) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in FRAMEWORK_NAMES
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_framework(e) for e in node.elts)
+    return False
+
+
+def test_no_framework_name_test_outside_the_runners():
+    """``framework == "jax"``, ``"torch" in frameworks``, ``fw not in ("jax", "torch")``: a verb or a
+    :class:`parity.runners.framework.FrameworkInfo` field instead."""
+    bad = []
+    for mod, (path, tree) in _modules().items():
+        if not _outside_the_door(mod):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(_names_a_framework(x) for x in [node.left, *node.comparators]):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not bad, "framework-name tests outside parity/runners/:\n" + "\n".join(bad)
+
+
+def test_the_name_test_finds_one():
+    tree = ast.parse('if framework == "jax" or "torch" in fws or f not in ("jax", "torch"): pass')
+    hits = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)
+            and any(_names_a_framework(x) for x in [n.left, *n.comparators])]
+    assert len(hits) == 3
+
+
+def _private_definitions() -> dict[str, set[str]]:
+    """``{_name: {packages defining it}}``: functions, methods, classes and attributes assigned (``self._x = ...``)."""
+    out: dict[str, set[str]] = {}
+    for mod, (path, tree) in _modules().items():
+        pkg = mod.split(".")[0]
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names = [node.attr]
+            for n in names:
+                if n.startswith("_") and not n.startswith("__"):
+                    out.setdefault(n, set()).add(pkg)
+    return out
+
+
+def test_no_private_attribute_used_across_packages():
+    """``model._canonical_tensors(...)`` from another package: a public method instead."""
+    defined, bad = _private_definitions(), []
+    for mod, (path, tree) in _modules().items():
+        pkg = mod.split(".")[0]
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in defined
+                    and pkg not in defined[node.attr]):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)} "
+                           f"(defined in {', '.join(sorted(defined[node.attr]))})")
+    assert not bad, "private attributes used across packages:\n" + "\n".join(bad)

@@ -27,13 +27,12 @@ Two facts of torch 2.13 shape the measurement (checked by ``tests/torchref/test_
   :func:`measure_compiled` checks the tokens eagerly first, so the loss compiles as one graph
   (``fullgraph=True``).
 
-Run ``python -m torchref.compiled --budgets 1,0.5,0.2,0.1,0.05 --threads 1`` for the table of
+Run ``python -m parity.experiments.compiled_budget --budgets 1,0.5,0.2,0.1,0.05 --threads 1`` for the table of
 ``docs/torch-compile-budget.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import time
@@ -43,17 +42,21 @@ import numpy as np
 import torch
 import torch._dynamo
 import torch._functorch.config
+import torch._inductor.config
 from torch.utils.flop_counter import FlopCounterMode
 
 from jaxremat.models.config import TransformerConfig
 from jaxremat.models.params import init_params
 from jaxremat.spec import parse_schedule
 
+from .compiled_random import (RANDOM_OPS, GradCheck, check_compiled_grads, check_text, compile_backend, compiled_problem,
+                              grads_verdict, max_ulp_distance)
 from .live_bytes import step_peak_bytes
 from .memory import SavedActivationRecorder, peak_step_bytes
 from .model import GPT, split_tokens
 from .render import model_loss
 
+_SEED = 0  # torch.manual_seed before the eager reference step and the compiled one
 BACKENDS = ("aot_eager_decomp_partition", "inductor")
 """The backends :func:`measure_compiled` accepts: both run AOT Autograd with the min-cut partitioner."""
 
@@ -98,6 +101,15 @@ class CompiledResult:
             this distance ~1e9; read it with ``max_rel_err``.
         max_abs_diff: the largest absolute difference of those values.
         max_rel_err: the largest ``max|compiled - eager| / max|eager|`` over loss and gradient arrays.
+        grads_rel_bound: the bound ``max_rel_err`` is held to
+            (:data:`torchref.compiled_random.GRADS_REL_BOUND`; None: no bound stated for the dtype).
+        grads_ok: gradients bitwise equal to eager ``none`` or within ``grads_rel_bound``.
+        random_ops: how the partition treats random ops (:data:`torchref.compiled_random.RANDOM_OPS`).
+        random_ops_in_graph: random nodes in the compiled joint graph.
+        random_ops_recomputed: random nodes in its backward graph (masks drawn again).
+        random_op_check: for a model without dropout, the same budget's gradient check on the
+            model with dropout ``random_op_dropout`` (:class:`torchref.compiled_random.GradCheck`);
+            None when the model has dropout (the main check covers it) or the check is off.
         flops: FLOPs of one forward+backward of the compiled step (None if not counted).
         eager_flops: FLOPs of one forward+backward of eager ``none``.
         recompute_flops: ``flops - eager_flops``: what the partitioner recomputes (None if not counted).
@@ -127,6 +139,12 @@ class CompiledResult:
     max_ulp: int
     max_abs_diff: float
     max_rel_err: float
+    grads_rel_bound: float | None
+    grads_ok: bool | None
+    random_ops: str
+    random_ops_in_graph: int
+    random_ops_recomputed: int
+    random_op_check: GradCheck | None
     flops: int | None
     eager_flops: int
     recompute_flops: int | None
@@ -138,42 +156,6 @@ class CompiledResult:
     eager_saved_bytes: int
     eager_peak_activation_bytes: int
     eager_step_time_s: float
-
-
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-_INT = {2: np.int16, 4: np.int32, 8: np.int64}
-
-
-def _max_ulp(test: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> tuple[bool, int, float, float]:
-    """``(bitwise equal, max ULP, max abs diff, max relative error)``.
-
-    The definitions of ``parity.checks.compare.compare_bitwise`` and ``max_rel_err`` (per array
-    ``max|a - b| / max|b|``).
-
-    (torchref does not import the harness; ``tests/torchref/test_compiled.py`` checks the two agree.)
-    """
-    equal, worst, max_abs, max_rel = True, 0, 0.0, 0.0
-    for name, b in ref.items():
-        a = np.asarray(test[name])
-        b = np.asarray(b)
-        if b.size:
-            scale = float(np.max(np.abs(b.astype(np.float64))))
-            err = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
-            max_rel = max(max_rel, err / scale if scale > 0 else (0.0 if err == 0 else float("inf")))
-        if np.array_equal(a.view(_UINT[a.dtype.itemsize]), b.view(_UINT[b.dtype.itemsize])):
-            continue
-        equal = False
-        if np.isnan(a).any() or np.isnan(b).any():
-            worst = -1
-            continue
-        max_abs = max(max_abs, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
-        ia, ib = (x.view(_INT[x.dtype.itemsize]).astype(np.int64) for x in (a, b))
-        mask = np.int64(np.iinfo(_INT[a.dtype.itemsize]).max)
-        oa = np.where(ia < 0, -(ia & mask), ia & mask).ravel()
-        ob = np.where(ib < 0, -(ib & mask), ib & mask).ravel()
-        if worst >= 0:
-            worst = max(worst, max(abs(int(x) - int(y)) for x, y in zip(oa, ob)))
-    return equal, worst, max_abs, max_rel
 
 
 def _timed(step: Callable[[], Any], repeats: int) -> list[float]:
@@ -195,7 +177,7 @@ def _flops(step: Callable[[], Any]) -> int:
 
 def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], tokens: np.ndarray,
                      budget: float, *, backend: str = "aot_eager_decomp_partition",
-                     repeats: int = 3) -> CompiledResult:
+                     repeats: int = 3, random_ops: str = "save", random_op_dropout: float = 0.1) -> CompiledResult:
     """Compile the GPT's loss under an activation memory budget and measure one step.
 
     The loss is :func:`torchref.render.model_loss` with schedule ``none`` on
@@ -205,8 +187,15 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
     ``torch._functorch.config.patch(activation_memory_budget=budget)``; every later call stays
     inside the patch too, so a recompile would see the same budget. The partition is AOT
     Autograd's ``torch._functorch.partitioners.min_cut_rematerialization_partition`` (both
-    backends use it). The counters run the backend's compiled function directly (see the module
-    docstring: Dynamo skips frames under a dispatch mode).
+    backends use it), given as :class:`torchref.compiled_random.RandomOpsPartition`: with
+    ``random_ops="save"`` random ops are never recomputed (below 1.0 torch's own partition redraws
+    dropout masks in the backward). The counters run the backend's compiled function directly (see
+    the module docstring: Dynamo skips frames under a dispatch mode).
+
+    Loss and gradients are checked against eager ``none`` (:mod:`torchref.compiled_random`: same seed,
+    ``fallback_random=True``, bitwise or within ``GRADS_REL_BOUND``), and for a model without dropout
+    once more on the same weights with dropout ``random_op_dropout`` (``random_op_check``): a
+    random-op model, so that a partition that redraws masks shows as failing (:func:`compiled_problem`).
 
     Args:
         cfg: a GPT-family configuration (``arch="gpt"``).
@@ -218,6 +207,8 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
         backend: ``"aot_eager_decomp_partition"`` (the min-cut partition with inductor's
             decompositions, graphs run as aten ops; seconds to compile on CPU) or ``"inductor"``.
         repeats: timed steps after the warm-up (>= 1).
+        random_ops: ``"save"`` or ``"recompute"`` (:data:`torchref.compiled_random.RANDOM_OPS`).
+        random_op_dropout: the dropout rate of the random-op check, in [0, 1) (0: no such check).
 
     Returns:
         :class:`CompiledResult` (bytes in bytes, times in seconds, FLOPs as counted by
@@ -225,8 +216,8 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
 
     Raises:
         ValueError: ``budget`` outside (0, 1] or not a number; ``backend`` not in :data:`BACKENDS`;
-            ``repeats < 1``; ``cfg.arch`` not ``"gpt"``; bad tokens
-            (:meth:`torchref.model.GPT.check_inputs`).
+            ``repeats < 1``; ``random_ops`` unknown or ``random_op_dropout`` outside [0, 1);
+            ``cfg.arch`` not ``"gpt"``; bad tokens (:meth:`torchref.model.GPT.check_inputs`).
         RuntimeError: the backend compiled no graph, or a counter saw no allocation.
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0.0 < float(budget) <= 1.0):
@@ -236,6 +227,10 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if random_ops not in RANDOM_OPS:
+        raise ValueError(f"random_ops must be one of {RANDOM_OPS}, got {random_ops!r}")
+    if not 0.0 <= random_op_dropout < 1.0:
+        raise ValueError(f"random_op_dropout must be in [0, 1), got {random_op_dropout!r}")
     if cfg.arch != "gpt":
         raise ValueError(f"measure_compiled takes a GPT-family config (arch='gpt'), got arch={cfg.arch!r}")
     budget = float(budget)
@@ -244,7 +239,8 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
     model = GPT.from_params(cfg, dict(params))
     model.check_inputs(split_tokens(tok)[0])  # eagerly: the compiled graph skips the value check
 
-    # eager `none`: reference loss, gradients and FLOPs
+    # eager `none`: reference loss, gradients and FLOPs (dropout masks drawn from the seed, as compiled below)
+    torch.manual_seed(_SEED)
     eager_loss = model_loss(model, tok, schedule)
     eager_loss.backward()
     ref = {"loss": eager_loss.detach().numpy().copy(), **model.to_params(grads=True)}
@@ -263,7 +259,7 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
     eager_act = step_peak_bytes(eager_step, [*excluded, *(p.grad for p in model.parameters())])
     eager_times = _timed(eager_step, repeats)
 
-    inner_backend = torch._dynamo.lookup_backend(backend)
+    inner_backend, partition = compile_backend(backend, random_ops)
     captured: dict[str, Any] = {"compiles": 0}
 
     def capturing_backend(gm, example_inputs):
@@ -280,9 +276,11 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
         return model_loss(model, t, schedule)
 
     torch._dynamo.reset()
-    with torch._functorch.config.patch(activation_memory_budget=budget):
+    with torch._functorch.config.patch(activation_memory_budget=budget), \
+            torch._inductor.config.patch(fallback_random=True):  # masks drawn as eager draws them
         compiled_loss = torch.compile(loss_fn, backend=capturing_backend, fullgraph=True)
         model.zero_grad(set_to_none=False)  # gradients stay allocated: constant, added as fixed bytes
+        torch.manual_seed(_SEED)
         t0 = time.perf_counter()
         loss = compiled_loss(tok)
         compile_s = time.perf_counter() - t0
@@ -324,7 +322,12 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
 
         times = _timed(step_frame, repeats)
 
-    equal, max_ulp, max_abs, max_rel = _max_ulp(got, ref)
+    equal, max_ulp, max_abs, max_rel = max_ulp_distance(got, ref)
+    bound, ok = grads_verdict(equal, max_rel, cfg.dtype)
+    check = None
+    if cfg.dropout == 0 and random_op_dropout > 0:
+        check = check_compiled_grads(cfg.replace(dropout=random_op_dropout), params, tokens, budget, backend=backend,
+                                     random_ops=random_ops, seed=_SEED)
     return CompiledResult(
         budget=budget, backend=backend,
         saved_bytes=int(recorder.total_bytes), saved_source=SAVED_SOURCE, saved_tensors=len(recorder.records),
@@ -332,70 +335,10 @@ def measure_compiled(cfg: TransformerConfig, params: Mapping[str, np.ndarray], t
         peak_bytes=int(act + fixed_bytes), peak_activation_bytes=int(act), peak_source=PEAK_SOURCE,
         memtracker_peak_bytes=int(tracked.peak_bytes), memtracker_activation_bytes=int(tracked_act),
         loss=loss_value, grads_bitwise_equal=equal, max_ulp=max_ulp, max_abs_diff=max_abs, max_rel_err=max_rel,
+        grads_rel_bound=bound, grads_ok=ok, random_ops=random_ops, random_ops_in_graph=partition.random_ops,
+        random_ops_recomputed=partition.recomputed, random_op_check=check,
         flops=flops, eager_flops=eager_flops, recompute_flops=None if flops is None else flops - eager_flops,
         flops_source=flops_source, step_time_s=float(statistics.median(times)),
         step_times_s=tuple(float(t) for t in times), compile_s=float(compile_s), compiles=captured["compiles"],
         eager_saved_bytes=eager_saved, eager_peak_activation_bytes=int(eager_act),
         eager_step_time_s=float(statistics.median(eager_times)))
-
-
-def _parse_budgets(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"budgets must be comma-separated numbers, got {text!r}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m torchref.compiled``: one table row per budget (bytes, FLOPs, seconds)."""
-    parser = argparse.ArgumentParser(prog="python -m torchref.compiled", description=__doc__.splitlines()[0])
-    parser.add_argument("--budgets", type=_parse_budgets, default=[1.0, 0.5, 0.2, 0.1, 0.05])
-    parser.add_argument("--backend", default="aot_eager_decomp_partition", choices=BACKENDS)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=32)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--shapes", action="store_true", help="after the table: the saved shapes per budget")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch.set_num_threads(N) first (1 gives steady step times on a shared machine)")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    cfg = TransformerConfig(vocab_size=256, n_layer=args.layers, d_model=args.d_model, n_head=args.heads,
-                            d_ff=2 * args.d_model, max_seq_len=args.seq)
-    params = init_params(cfg)
-    tokens = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, (args.batch, args.seq + 1))
-    print(f"# {cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, d_ff {cfg.d_ff}, "
-          f"B={args.batch}, T={args.seq}, backend {args.backend}, torch {torch.__version__}"
-          f", {torch.get_num_threads()} intra-op threads")
-    print("| budget | saved bytes | saved tensors | peak bytes | peak activation bytes | MemTracker peak "
-          "| recompute FLOPs | bitwise | max ULP | max rel err | step s (median) | compile s | graphs |")
-    print("|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|")
-    first, shapes = True, {}
-    for b in args.budgets:
-        r = measure_compiled(cfg, params, tokens, b, backend=args.backend, repeats=args.repeats)
-        if first:
-            print(f"| eager none | {r.eager_saved_bytes} | | {r.eager_peak_activation_bytes + r.peak_bytes - r.peak_activation_bytes} "
-                  f"| {r.eager_peak_activation_bytes} | | 0 | | | | {r.eager_step_time_s:.4f} | | |")
-            first = False
-        print(f"| {r.budget:g} | {r.saved_bytes} | {r.saved_tensors} | {r.peak_bytes} | {r.peak_activation_bytes} "
-              f"| {r.memtracker_peak_bytes} | {r.recompute_flops} | {'yes' if r.grads_bitwise_equal else 'no'} "
-              f"| {r.max_ulp} | {r.max_rel_err:.1e} | {r.step_time_s:.4f} | {r.compile_s:.2f} | {r.compiles} |", flush=True)
-        shapes[b] = r.saved_shapes
-    if args.shapes:
-        print()
-        for b, saved in shapes.items():
-            counts: dict[tuple[int, ...], int] = {}
-            for shape in saved:
-                counts[shape] = counts.get(shape, 0) + 1
-            print(f"budget {b:g}: " + ", ".join(f"{n} x {list(sh)}" for sh, n in counts.items()))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -14,13 +14,11 @@ the GPT model, one training step (forward + backward) per measurement:
 * step time, the two settings interleaved (off, on, off, on, ...) so that load on a shared machine
   falls on both alike; medians and min-max of ``--repeats`` steps each.
 
-Run: ``python -m torchref.early_stop_cost`` (``--help`` for the options); one JSON line per plan.
+Run: ``python -m parity.experiments.early_stop_cost`` (``--help`` for the options); one JSON line per plan.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
@@ -91,29 +89,3 @@ def measure(plan_text: str, cfg: TransformerConfig, batch: int, repeats: int) ->
     out["backward_flops_off_over_on"] = out["backward_flops_early_stop_off"] / out["backward_flops_early_stop_on"]
     out["time_off_over_on"] = out["step_time_s_early_stop_off"] / out["step_time_s_early_stop_on"]
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torchref.early_stop_cost", description=__doc__.split("\n")[0])
-    parser.add_argument("--plans", default="full,every_k(2),sqrt,full+save_dots,nested(sqrt,sqrt)",
-                        help="comma-separated plans at the top level (nested(...) keeps its commas)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed steps per setting (interleaved)")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=64, help="d_model (d_ff = 4 d_model, 4 heads)")
-    parser.add_argument("--seq-len", type=int, default=64)
-    args = parser.parse_args(argv)
-    cfg = TransformerConfig(d_model=args.d_model, d_ff=4 * args.d_model, max_seq_len=args.seq_len)
-    depth, plans, cur = 0, [], ""
-    for ch in args.plans:
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            plans, cur = plans + [cur], ""
-        else:
-            cur += ch
-    for plan in plans + [cur]:
-        print(json.dumps(measure(plan, cfg, args.batch, args.repeats)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -26,6 +26,11 @@ lists, tuples and dicts among them). A state write the search cannot see -- an i
 tensor that existed before the call and is no buffer of a found module -- would be repeated by the
 recompute, silently; the forward pass of a callable therefore runs under :class:`_WriteGuard`, which
 raises :class:`StateWriteError` saying how to pass the block instead.
+
+Forward hooks are forward-pass state too: the forward pass records the hooks of the segment's
+modules, and every recompute runs exactly those (:class:`torchref.hooks.ForwardHooks`), with
+:func:`torchref.hooks.is_recomputing` True, so a hook removed before ``backward()`` still shapes the
+recomputed activations and a hook that must act once per step can skip the recompute.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from .hooks import ForwardHooks, owners_of, recomputing
 
 __all__ = ["ForwardState", "StateWriteError", "modules_of"]
 
@@ -161,17 +168,13 @@ class ForwardState:
         self.modules = [m for b in blocks for m in modules_of(b)]
         self.calls = 0
         self.state: list[tuple[nn.Module, str, torch.Tensor]] = []  # (owner, name, value before forward)
+        self.hooks: ForwardHooks | None = None  # the forward pass's hooks, run again by every recompute
 
-    def _buffers(self):
-        seen = set()
-        for m in self.modules:
-            for owner in m.modules():
-                if id(owner) in seen:
-                    continue
-                seen.add(id(owner))
-                for name, buf in owner._buffers.items():
-                    if buf is not None:
-                        yield owner, name, buf
+    def _buffers(self, owners: list[nn.Module]):
+        for owner in owners:
+            for name, buf in owner._buffers.items():
+                if buf is not None:
+                    yield owner, name, buf
 
     def wrap(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """``fn`` with its first call recorded and its later calls run on the pre-forward buffers."""
@@ -185,8 +188,10 @@ class ForwardState:
         return run
 
     def _forward(self, fn, *args, **kwargs):
+        owners = owners_of(self.modules)
+        self.hooks = ForwardHooks(owners)
         with torch.no_grad():
-            before = [(owner, name, buf, buf._version, buf.detach().clone()) for owner, name, buf in self._buffers()]
+            before = [(owner, name, buf, buf._version, buf.detach().clone()) for owner, name, buf in self._buffers(owners)]
         # Until the forward ends, a recompute (a gradient taken inside it) runs on every buffer's copy.
         self.state = [(owner, name, copy) for owner, name, _, _, copy in before]
         if self.guarded:
@@ -219,7 +224,8 @@ class ForwardState:
             with torch.no_grad():
                 for owner, name, before in self.state:
                     owner._buffers[name] = before.clone()  # fresh: the recompute may update it
-            return fn(*args, **kwargs)
+            with self.hooks.replayed(), recomputing():
+                return fn(*args, **kwargs)
         finally:
             for owner, name, value in current:
                 owner._buffers[name] = value

@@ -282,24 +282,32 @@ class GPT(nn.Module):
                     t.copy_(src.t() if transpose else src)
         return model
 
-    def to_params(self, *, grads: bool = False) -> dict[str, np.ndarray]:
+    def to_params(self, *, grads: bool = False, missing_grad: str = "raise") -> dict[str, np.ndarray]:
         """Parameters (or their ``.grad``) as exact numpy copies in the canonical layout.
 
         Args:
             grads: if True, convert each parameter's ``.grad`` instead of the parameter.
+            missing_grad: with ``grads=True``, what a parameter without ``.grad`` gives:
+                ``"raise"`` (ValueError) or ``"zeros"`` (a zero array of its shape: a frozen
+                parameter, ``requires_grad_(False)``, gets no gradient).
 
         Returns:
             name -> C-contiguous array of :func:`jaxremat.models.param_shapes`, in ``cfg.dtype``.
 
         Raises:
-            ValueError: ``grads=True`` and some parameter has no gradient (run a backward first).
+            ValueError: ``grads=True``, ``missing_grad="raise"`` and some parameter has no
+                gradient (run a backward first), or an unknown ``missing_grad``.
         """
+        if missing_grad not in ("raise", "zeros"):
+            raise ValueError(f"missing_grad must be 'raise' or 'zeros', got {missing_grad!r}")
         out: dict[str, np.ndarray] = {}
         for key in param_shapes(self.cfg):
             tensors, transpose = self._canonical_tensors(key)
             arrays = []
             for t in tensors:
                 value = t.grad if grads else t
+                if value is None and missing_grad == "zeros":
+                    value = torch.zeros_like(t)
                 if value is None:
                     raise ValueError(f"parameter {key!r} has no gradient; run a backward pass first")
                 value = value.detach().cpu()

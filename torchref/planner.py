@@ -211,7 +211,7 @@ def model_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence
     Raises:
         ValueError: a family without a planner chain, or as that family's chain builder.
     """
-    return get_model(getattr(cfg, "arch", "gpt")).load("torch_planner_chain")(cfg, batch, seq, policies)
+    return get_model(cfg.arch).load("torch_planner_chain")(cfg, batch, seq, policies)
 
 
 def plan_model(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,
@@ -231,6 +231,6 @@ def plan_model(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,
 def plan_gpt(cfg: TransformerConfig, batch: int, seq: int, budget_bytes: int,
              policies: Sequence = DEFAULT_MENU, **kw) -> PlannerResult:
     """:func:`plan_model` for a GPT (raises ValueError for another family)."""
-    if getattr(cfg, "arch", "gpt") != "gpt":
+    if cfg.arch != "gpt":
         raise ValueError(f"plan_gpt plans a GPT; cfg.arch is {cfg.arch!r} (use plan_model)")
     return plan_model(cfg, batch, seq, budget_bytes, policies, **kw)

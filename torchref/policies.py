@@ -55,6 +55,9 @@ from .names import current_name
 aten = torch.ops.aten
 DOTS_NO_BATCH = frozenset({aten.mm.default, aten.addmm.default})
 DOTS_BATCHED = frozenset({aten.bmm.default, aten.baddbmm.default})
+DOTS_OUT = frozenset({aten.mm.out, aten.addmm.out, aten.bmm.out, aten.baddbmm.out})
+"""Matrix products writing into a given buffer (``out=``), the form torch.compile's inductor kernels call:
+never kept (torch refuses a cached tensor an out= op wrote), counted for the lint's message."""
 _NOT_COMPUTE = frozenset({aten._unsafe_view.default, aten.alias.default, aten.detach.default})
 
 
@@ -230,6 +233,7 @@ class SelectiveCheckpoint:
         """Reset what :func:`torchref.lint.check_selective` reads: regions seen, ops saved."""
         self.lint_seen: set[str] = set()
         self.lint_saved = 0
+        self.lint_out_dots: dict[str, int] = {}  # out= products seen (DOTS_OUT), by op name
 
     @property
     def checkpoints(self) -> bool:
@@ -266,6 +270,8 @@ class SelectiveCheckpoint:
         if current_name() is not None:
             self.lint_seen.add(current_name())
         self.lint_saved += save
+        if op in DOTS_OUT:
+            self.lint_out_dots[str(op)] = self.lint_out_dots.get(str(op), 0) + 1
         if not save:
             return CheckpointPolicy.PREFER_RECOMPUTE
         self._offload_next = offload

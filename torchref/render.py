@@ -25,7 +25,7 @@ save*. An op that saves a tensor and then writes it in place -- ``rrelu_with_noi
 it -- is stopped between the two: the backward reads the uninitialised buffer (NaN or 1e37
 gradients that change from run to run). Off, the recompute runs each segment to its end, the
 kernel fills the buffer, and every plan is bitwise (``tests/torchref/test_user_block.py``). The
-cost, measured by ``python -m torchref.early_stop_cost``: the ops after a segment's last save run
+cost, measured by ``python -m parity.experiments.early_stop_cost``: the ops after a segment's last save run
 again (for the GPT block, the MLP's down-projection and the residual add: 3 more ATen ops per
 segment in the backward pass); docs/framework-differences.md, section 10.
 
@@ -180,6 +180,9 @@ def forward_blocks(
             (:func:`jaxremat.spec.plan.check_default_policy`).
         torchref.forward_state.StateWriteError: a block given as a callable writes a tensor in
             place that is no buffer of a module it holds (the recompute would write it again).
+        RuntimeError: the plan checkpoints something and runs inside ``torch.func.grad`` (``vjp``,
+            ``jacrev``, ``hessian``) or inside ``torch.func.vmap`` with autograd on, which cannot run
+            ``torch.utils.checkpoint`` (:func:`check_no_functorch`: the message says what to use).
 
     Warns:
         RematPolicyWarning: the policy keeps nothing it names in these blocks (no op in a kept
@@ -190,9 +193,45 @@ def forward_blocks(
     blocks = list(blocks)
     segs = schedule.segments_for(len(blocks))  # ValueError when invalid for N, before any lint
     sac = _as_selective(policy)
+    if any(s.checkpointed for s in segs) and (sac is None or sac.checkpoints):
+        check_no_functorch(schedule, sac)
     check_default_policy(segs, None if sac is None or sac.policy.saves_nothing else sac.policy.name, "forward_blocks")
     check_no_effect(schedule, policy, len(blocks))
     return _forward(blocks, x, schedule, block_args, block_kwargs, sac, on_checkpoint_input)
+
+
+_TORCH_FUNC_ALTERNATIVES = (
+    "run the blocks with schedule 'none' under torch.func (no remat), or take per-sample gradients without "
+    "torch.func: a loop over the samples (or microbatches) calling backward() under this plan, or JAX, where "
+    "jaxremat.remat_scan composes with jax.vmap(jax.grad(...)) (docs/framework-differences.md, section 10)")
+
+
+def check_no_functorch(schedule: Schedule, sac: Optional[SelectiveCheckpoint], where: str = "forward_blocks") -> None:
+    """Refuse a checkpointing plan inside a ``torch.func`` transform that cannot run it.
+
+    Non-reentrant ``torch.utils.checkpoint`` is made of saved-tensor hooks, which torch 2.13's
+    ``torch.func.grad`` / ``vjp`` / ``jacrev`` / ``hessian`` refuse ("don't yet support saved tensor
+    hooks"); under ``torch.func.vmap`` with autograd on, the recompute runs in the backward pass outside
+    the vmap and fails there ("tensor may have escaped from inside a function being vmapped").
+    ``torch.func.jvp`` and a vmap under ``torch.no_grad()`` (no checkpoint runs) are let through.
+
+    Raises:
+        RuntimeError: one line naming the transform, the cause and what to use instead.
+    """
+    stack = torch._C._functorch.get_interpreter_stack() or []
+    kinds = {str(i.key()).rsplit(".", 1)[-1] for i in stack}
+    plan = schedule.name + (f"+{sac.policy.name}" if sac is not None and sac.selective else "")
+    if "Grad" in kinds:
+        raise RuntimeError(
+            f"{where}: plan {plan!r} checkpoints segments with torch.utils.checkpoint, whose saved-tensor hooks "
+            f"torch.func.grad/vjp/jacrev/hessian cannot differentiate through (torch says \"don't yet support saved "
+            f"tensor hooks\"); {_TORCH_FUNC_ALTERNATIVES}")
+    if "Vmap" in kinds and torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{where}: plan {plan!r} under torch.func.vmap with autograd on: the checkpoint's recompute runs in the "
+            "backward pass, outside the vmap, where torch fails (\"tensor may have escaped from inside a function "
+            "being vmapped\"); vmap the forward under torch.no_grad() for inference, or "
+            f"{_TORCH_FUNC_ALTERNATIVES}")
 
 
 def _segment_contexts(segs, sac: Optional[SelectiveCheckpoint]) -> list:
@@ -220,8 +259,8 @@ def _forward(blocks: list, x: torch.Tensor, schedule: Schedule, block_args: tupl
         inside = {i for s in segs if s.checkpointed for i in range(s.start, s.stop)}
         return _forward_checkpoint_sequential(blocks, bound, x, len(segs), starts, on_checkpoint_input, inside)
     contexts = _segment_contexts(segs, sac)
-    linted = []  # each selective context of a checkpointed segment, once
-    for seg, ctx in zip(segs, contexts):
+    linted = []  # each selective context of a checkpointed segment, once (none under no_grad: no checkpoint runs)
+    for seg, ctx in zip(segs, contexts if torch.is_grad_enabled() else ()):
         if (seg.checkpointed and seg.inner is None and ctx is not None and ctx.checkpoints and ctx.selective
                 and all(ctx is not c for c in linted)):
             linted.append(ctx)

@@ -1,13 +1,14 @@
-"""Plans for a memory budget, as cases of the one case loop: ``plan(50%)`` and ``best_uniform(50%)``.
+"""Plans for a memory budget, as cases of the one case loop: ``budget(50%)`` and ``best_uniform(50%)``.
 
-``plan(BUDGET)`` is the planner's plan (:func:`jaxremat.planner.plan_model` in JAX,
+``budget(BUDGET)`` is the planner's plan (:func:`jaxremat.planner.plan_model` in JAX,
 :func:`torchref.planner.plan_model` in PyTorch: least recompute within the budget over one-level
 segment plans with a policy per segment); ``best_uniform(BUDGET)`` is the uniform plan of least
 recompute that fits the same budget (``full``, ``every_k(k)``, ``segments(s)``, ``sqrt``, each
 with no policy or one of the menu's policies, predicted by the same menu and chain model).
 ``BUDGET`` is a percentage of ``none``'s *measured* peak activation bytes in the same framework
-(``50%``) or bytes with a unit (``12MiB``; :func:`jaxremat.spec.planner.parse_budget`): ``plan(4096)``,
-without a unit, is the segment plan of one segment of 4096 blocks, as before.
+(``50%``) or bytes (``12MiB``, ``4096`` = 4096 bytes; :func:`jaxremat.spec.planner.parse_budget`).
+``plan(...)`` is always a segment plan (:mod:`jaxremat.spec.segment_plan`); the budget's old
+spelling ``plan(50%)`` is refused with a message naming ``budget(50%)``.
 
 A budget plan is resolved when its case runs, once ``none`` has been measured:
 
@@ -31,9 +32,6 @@ JAX op by op reuses the plan resolved under ``jit`` (the compiled program is wha
 
 from __future__ import annotations
 
-# Deferred imports: the JAX and PyTorch menus (jaxremat.planner, torchref.planner) load their framework; each is
-# imported on first use so a one-framework run never loads the other.
-
 import dataclasses
 import re
 from typing import Callable
@@ -44,20 +42,23 @@ from jaxremat.spec.planner import Budget, NoPlanFits, chain_costs, min_peak_plan
 from jaxremat.spec.policies import parse_policy
 from jaxremat.spec.schedules import parse_schedule
 
+from parity.runners.framework import get_framework
+
 __all__ = ["BudgetRequest", "MAX_ATTEMPTS", "Resolution", "parse_case_plan", "resolve", "uniform_candidates"]
 
 MAX_ATTEMPTS = 4
 """Plans tried per budget case before the last is reported (module docstring, step 3)."""
 
-_REQUEST = re.compile(r"^\s*(plan|best_uniform)\(\s*([^(),]*?)\s*\)\s*$")
+_REQUEST = re.compile(r"^\s*(budget|best_uniform)\(\s*([^(),]*?)\s*\)\s*$")
+_OLD_BUDGET = re.compile(r"^\s*plan\(\s*([0-9.]+\s*(%|[A-Za-z]+))\s*\)\s*$")
 
 
 @dataclasses.dataclass(frozen=True)
 class BudgetRequest:
-    """``plan(BUDGET)`` or ``best_uniform(BUDGET)``: a plan chosen for a memory budget when its case runs.
+    """``budget(BUDGET)`` or ``best_uniform(BUDGET)``: a plan chosen for a memory budget when its case runs.
 
     Attributes:
-        kind: ``"plan"`` (the planner) or ``"best_uniform"`` (the best uniform plan).
+        kind: ``"budget"`` (the planner) or ``"best_uniform"`` (the best uniform plan).
         budget: the :class:`jaxremat.spec.planner.Budget`.
     """
 
@@ -70,22 +71,27 @@ class BudgetRequest:
 
 
 def parse_case_plan(text: "str | RematPlan | BudgetRequest") -> "RematPlan | BudgetRequest":
-    """A case's plan: ``plan(50%)`` / ``best_uniform(12MiB)`` as a :class:`BudgetRequest`, else
-    :func:`jaxremat.spec.plan.parse_plan` (``plan(3+save_dots,5)`` is a segment plan, as always).
+    """A case's plan: ``budget(50%)`` / ``best_uniform(12MiB)`` as a :class:`BudgetRequest`, else
+    :func:`jaxremat.spec.plan.parse_plan` (``plan(3+save_dots,5)`` is a segment plan). Objects are
+    returned as they are.
 
     Raises:
-        ValueError: a bad budget (:func:`jaxremat.spec.planner.parse_budget`) or a bad plan.
+        ValueError: a bad budget (:func:`jaxremat.spec.planner.parse_budget`), a bad plan, or a budget
+            written with the old spelling ``plan(50%)`` (the message names ``budget(50%)``).
     """
     if isinstance(text, (RematPlan, BudgetRequest)):
         return text
-    m = _REQUEST.match(text) if isinstance(text, str) else None
-    if m and (m.group(1) == "best_uniform" or re.search(r"[%A-Za-z]", m.group(2))):
-        if "+" in m.group(2) or ":" in m.group(2) or "*" in m.group(2):
-            return parse_plan(text)
-        try:
-            return BudgetRequest(m.group(1), parse_budget(m.group(2)))
-        except ValueError as exc:
-            raise ValueError(f"{text!r}: {exc}") from None
+    if isinstance(text, str):
+        old = _OLD_BUDGET.match(text)
+        if old:
+            raise ValueError(f"{text.strip()!r}: a memory budget is written budget({old.group(1).replace(' ', '')}) "
+                             "(plan(...) lists the segments of a segment plan, e.g. plan(3*2+save_dots,2:store))")
+        m = _REQUEST.match(text)
+        if m:
+            try:
+                return BudgetRequest(m.group(1), parse_budget(m.group(2)))
+            except ValueError as exc:
+                raise ValueError(f"{text!r}: {exc}") from None
     return parse_plan(text)
 
 
@@ -112,14 +118,6 @@ class Resolution:
     @property
     def last(self) -> dict:
         return self.attempts[-1]
-
-
-def _chain(framework: str, cfg, batch: int, seq: int, policies) -> dict:
-    if framework == "jax":
-        from jaxremat.planner import model_chain
-    else:
-        from torchref.planner import model_chain
-    return model_chain(cfg, batch, seq, policies)
 
 
 def _uniform_segments(plan: RematPlan, n: int) -> list[tuple[int, str]]:
@@ -151,7 +149,7 @@ def _choose(request: BudgetRequest, chain: dict, n: int, target: int, min_len: i
     """The plan for ``target`` bytes (whole-step peak activation) and its predictions."""
     fixed = chain["fixed_bytes"]
     opts, bnd, inv = chain["options_per_block"], chain["boundary_bytes"], chain["invariant_bytes"]
-    if request.kind == "plan":
+    if request.kind == "budget":
         try:
             r = plan_for_budget(opts, max(0, target - fixed), bnd, inv, min_checkpoint_length=min_len)
         except NoPlanFits as exc:
@@ -181,7 +179,7 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
 
     Args:
         request: the budget case.
-        framework: ``"jax"`` or ``"torch"``.
+        framework: a name of :data:`parity.runners.framework.FRAMEWORKS` (its planner chain and menu).
         cfg, batch, seq: the model (a family with planner chains) and the batch's shape.
         ref: ``none``'s run in this framework (its ``memory.peak_activation_bytes`` is the reference).
         run: ``plan -> result`` (the case set's runner; results carry ``memory``).
@@ -198,8 +196,8 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
     if not measured_none:
         raise ValueError("none's peak activation bytes were not measured; a budget plan needs them")
     if policies is None:
-        policies = _default_menu(framework)
-    chain = _chain(framework, cfg, batch, seq, tuple(policies))
+        policies = get_framework(framework).default_menu()
+    chain = get_framework(framework).planner_chain(cfg, batch, seq, tuple(policies))
     n = cfg.n_layer
     if predicted_none is None:
         predicted_none = chain["fixed_bytes"] + chain_costs(chain["options_per_block"], [(n, "store")],
@@ -207,7 +205,7 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
     budget = request.budget.resolve(measured_none)
     offset = max(0, int(measured_none) - int(predicted_none))
     target, none_offset = budget - offset, offset
-    calibrate = get_model(getattr(cfg, "arch", "gpt")).activation_account is None
+    calibrate = get_model(cfg.arch).activation_account is None
     attempts: list[dict] = []
     last = None
     for _ in range(MAX_ATTEMPTS):
@@ -245,11 +243,3 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
         target = budget - max(offset, error) if error > offset else target - (measured - budget)
         offset = max(offset, error)
     return Resolution(last[0], last[1], budget, tuple(attempts), none_offset)
-
-
-def _default_menu(framework: str) -> tuple:
-    if framework == "jax":
-        from jaxremat.planner import DEFAULT_MENU
-    else:
-        from torchref.planner import DEFAULT_MENU
-    return DEFAULT_MENU

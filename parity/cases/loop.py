@@ -24,9 +24,6 @@ from typing import Any, Callable, Iterable, Protocol
 
 from jaxremat.spec.plan import RematPlan
 
-FRAMEWORK_MODES = (("jax", "jit"), ("jax", "eager"), ("torch", "eager"))
-"""Every (framework, mode) a case runs in: JAX under ``jit`` and op by op, PyTorch eager."""
-
 REFERENCE_NOTE = "a second run of none (run-to-run determinism)"
 
 
@@ -74,7 +71,7 @@ def run_cases(report: dict, plans: Iterable[tuple[str, RematPlan]], modes: Itera
     Args:
         report: the report being built; ``report["cases"]`` is appended to.
         plans: ``[(canonical name, plan)]`` with ``none`` first (the reference).
-        modes: the (framework, mode) pairs to run, e.g. :data:`FRAMEWORK_MODES`.
+        modes: the (framework, mode) pairs to run (:func:`parity.runners.framework.framework_modes`).
         case_set: how a case runs and what is checked (:class:`CaseSet`).
         callbacks: progress and partial-report callbacks.
 

@@ -1,6 +1,12 @@
 """The case record: the fields every case starts with, and how a run fills them against its reference.
 
-:func:`new_case` is the case dict before it runs (``status: "error"`` until checked);
+Every case of every report -- suite, stress, sweep, plan, distributed -- is a dict that starts with
+the same fields (:data:`BASE_FIELDS`, made by :func:`base_case`): which framework and mode, which
+model, which plan (its canonical name), depth, dtype, dropout, and the status with its error. Each
+kind of case adds its own fields after them; report code reads the base fields the same way
+everywhere (docs/report-schema.md).
+
+:func:`new_case` is a suite case before it runs (``status: "error"`` until checked);
 :func:`fill_case` compares one run with the reference byte for byte (:func:`parity.checks.compare.compare_bitwise`:
 loss, gradients, trained weights, the reverse loop's gradients) and copies its measurements;
 :func:`overhead_range` is the spread of a step-time ratio over the timed steps.
@@ -23,11 +29,29 @@ def policy_label(plan: RematPlan) -> str:
     return ",".join(p.name for p in plan.policies) or plan.policy.name
 
 
-def new_case(framework: str, mode: str, name: str, plan: RematPlan, cfg, model: str) -> dict:
-    """The fields of one case before it runs: what it is, its predictions, every check unset.
+BASE_FIELDS = ("framework", "mode", "model", "plan", "n_layer", "dtype", "dropout", "status", "error")
+"""The fields every case record starts with, in this order."""
+
+
+def base_case(framework: str, mode: str, plan: str, model: str, cfg) -> dict:
+    """The fields every case record starts with (:data:`BASE_FIELDS`), ``status`` ``"error"`` until checked.
 
     Args:
-        framework: ``"jax"`` or ``"torch"``.
+        framework: a name of :data:`parity.runners.framework.FRAMEWORKS`.
+        mode: the mode the case runs in (``"jit"``, ``"eager"``).
+        plan: the plan's canonical name (``"sqrt"``, ``"full+save_dots"``, ``"budget(50%)"``).
+        model: the model's name in the report (a ``--model`` preset).
+        cfg: the model configuration (``n_layer``, ``dtype``, ``dropout``).
+    """
+    return {"framework": framework, "mode": mode, "model": model, "plan": plan, "n_layer": cfg.n_layer,
+            "dtype": cfg.dtype, "dropout": cfg.dropout, "status": "error", "error": None}
+
+
+def new_case(framework: str, mode: str, name: str, plan: RematPlan, cfg, model: str) -> dict:
+    """A suite case before it runs: the base fields, its predictions, every check unset.
+
+    Args:
+        framework: a name of :data:`parity.runners.framework.FRAMEWORKS`.
         mode: ``"jit"`` or ``"eager"``.
         name: the plan's canonical name.
         plan: the remat plan.
@@ -37,9 +61,8 @@ def new_case(framework: str, mode: str, name: str, plan: RematPlan, cfg, model: 
     n = cfg.n_layer
     schedule = plan.schedule
     return {
-        "framework": framework, "model": model, "schedule": name, "n_layer": n,
+        **base_case(framework, mode, name, model, cfg),
         "policy": policy_label(plan), "offloaded_bytes": None, "names_ok": None, "block_names": None,
-        "dtype": cfg.dtype, "dropout": cfg.dropout, "mode": mode, "status": "error", "error": None,
         "loss": None, "loss_bitwise_equal": None, "grads_bitwise_equal": None, "weights_bitwise_equal": None,
         "reverse_loop_bitwise_equal": None, "max_ulp": None, "max_abs_diff": None,
         "weights_max_ulp": None, "mismatched": [],

@@ -28,21 +28,23 @@ import numpy as np
 
 from jaxremat.models import TransformerConfig, init_params
 
-from parity.cases import stress_frozen, stress_user
-from parity.cases.loop import FRAMEWORK_MODES, Callbacks, run_cases
+from parity.cases.loop import Callbacks, run_cases
 from parity.cases.record import fill_case, new_case
 from parity.cases.stress_frozen import frozen_entries, split_trainable
 from parity.cases.stress_user import UserStack
-from parity.checks.compare import compare_bitwise, max_rel_err, tolerance_for
+from parity.checks.compare import compare_bitwise, cross_row
 from parity.inputs.corpus import token_batch
 from parity.report.suite_report import SCHEMA_VERSION
-from parity.runners.dispatch import run_framework
+from parity.runners.framework import (FRAMEWORK_NAMES, FRAMEWORKS, RunOptions, framework_modes, get_framework,
+                                      loss_term_scale)
 from parity.runners.result import RunResult
 
 DROPOUT_RATES = (0.1, 0.5)
 NOISE = 0.1
 VARIANTS = ("bf16", "frozen", "running_stats", *(f"dropout({p})+noise" for p in DROPOUT_RATES))
 CROSS_VARIANTS = {"bf16": "bfloat16", "frozen": "float32", "running_stats": "float32"}
+GPT_VARIANTS = ("bf16", "frozen")
+"""The variants that run the suite's GPT; the others run the user-style stack."""
 
 
 def _user_stack(variant: str, base: UserStack) -> UserStack:
@@ -52,20 +54,17 @@ def _user_stack(variant: str, base: UserStack) -> UserStack:
     return dataclasses.replace(base, dropout=p, noise=NOISE)
 
 
-def _run(variant, framework, mode, plan, suite, cfg, params, tokens, base: UserStack) -> RunResult:
+def _run(variant, framework, mode, plan, suite, cfg, params, tokens, base: UserStack, again: bool) -> RunResult:
     """One run of ``variant``: loss, grads, trained (and state / the frozen check; memory for ``bf16``)."""
-    if variant == "bf16":
-        bf = cfg.replace(compute_dtype="bfloat16")
-        return run_framework(framework, mode, bf, params, tokens, plan, suite,
-                              with_reverse_loop=plan.name != "none" and (framework, mode) != ("jax", "jit"))
-    if variant == "frozen":
-        if framework == "jax":
-            return stress_frozen.run_jax(cfg, params, tokens, plan.schedule, mode=mode, hparams=suite.hparams)
-        return stress_frozen.run_torch(cfg, params, tokens, plan.schedule, hparams=suite.hparams)
-    stack = _user_stack(variant, base)
-    if framework == "jax":
-        return stress_user.run_jax(stack, plan.schedule, jit=mode == "jit")
-    return stress_user.run_torch(stack, plan.schedule)
+    fw = get_framework(framework)
+    if variant not in GPT_VARIANTS:
+        return fw.run_user_stack(mode, _user_stack(variant, base), plan)
+    measured = mode == FRAMEWORKS[framework].measured_mode
+    options = RunOptions(hparams=suite.hparams, timing_repeats=1 if again else suite.timing_repeats, seed=suite.seed,
+                         with_training=measured, frozen=variant == "frozen",
+                         with_reverse_loop=not again and plan.name != "none" and mode == "eager")
+    run_cfg = cfg.replace(compute_dtype="bfloat16") if variant == "bf16" else cfg
+    return fw.run_plan(mode, run_cfg, params, tokens, plan, options)
 
 
 def _bitwise(case: dict, what: str, a: dict, b: dict) -> bool:
@@ -109,28 +108,42 @@ def _fill(case: dict, variant: str, cfg, params, res: RunResult, ref: RunResult,
     case["status"] = "pass" if all(checks) else "fail"
 
 
-def _cross(variant: str, name: str, jax_res, torch_res, cfg) -> dict:
-    dtype = CROSS_VARIANTS[variant]
-    tol = tolerance_for(dtype)
-    out = {"variant": variant, "schedule": name, "dtype": dtype, "tolerance": tol.max_rel_err,
-           "tolerance_reason": tol.reason, "max_rel_err_loss": None, "max_rel_err_grads": None, "ok": False,
-           "error": None}
-    if jax_res is None or torch_res is None:
-        out["error"] = "a framework's case did not complete; nothing to compare"
-        return out
-    ga, gb = jax_res.grads, torch_res.grads
-    if variant == "frozen":
-        ga, gb = split_trainable(cfg, ga), split_trainable(cfg, gb)
-    out["max_rel_err_loss"] = max_rel_err({"loss": jax_res.loss}, {"loss": torch_res.loss})
-    out["max_rel_err_grads"] = max_rel_err(ga, gb)
-    out["ok"] = out["max_rel_err_loss"] <= tol.max_rel_err and out["max_rel_err_grads"] <= tol.max_rel_err
-    return out
+def _term_scale(variant: str, cfg, params, tokens, b: RunResult | None) -> tuple[float | None, str | None]:
+    """The loss's term scale of a variant's cross-framework rows, or ``(None, why)``.
+
+    The GPT variants' next-token cross-entropy: the reference's term scale
+    (:func:`parity.runners.framework.loss_term_scale`) on the float32 model. The user
+    stack's loss, ``mean(y^2)``, is a mean of non-negative terms, which cannot cancel: its terms'
+    scale is the loss itself (the reference run's).
+    """
+    try:
+        if variant in GPT_VARIANTS:
+            return loss_term_scale(cfg, params, tokens), None
+        return (None, None) if b is None else (abs(float(b.loss)), None)
+    except Exception as exc:  # recorded on the variant's rows, and the suite goes on
+        return None, f"the loss's term scale could not be computed: {type(exc).__name__}: {exc}"
+
+
+def _cross_rows(variant: str, plans, results: dict, cfg, params, tokens) -> list[dict]:
+    """One :func:`parity.checks.compare.cross_row` per plan of a variant without randomness."""
+    def run_of(fw, name):
+        return next((results[(fw, m, name)] for m in FRAMEWORKS[fw].modes if (fw, m, name) in results), None)
+
+    a_fw, b_fw = FRAMEWORK_NAMES
+    rows = []
+    for name, _ in plans:
+        a, b = run_of(a_fw, name), run_of(b_fw, name)
+        scale, failure = _term_scale(variant, cfg, params, tokens, b)
+        grads = {}
+        if variant == "frozen" and a is not None and b is not None:
+            grads = {"grads_a": split_trainable(cfg, a.grads), "grads_b": split_trainable(cfg, b.grads)}
+        rows.append(cross_row(name, CROSS_VARIANTS[variant], a, b, scale, failure=failure, variant=variant, **grads))
+    return rows
 
 
 def case_count(suite) -> int:
     """Number of cases :func:`run_stress` runs for ``suite``."""
-    modes = sum(1 for f, _ in FRAMEWORK_MODES if f in suite.frameworks)
-    return len(VARIANTS) * modes * len(suite.schedule_objects())
+    return len(VARIANTS) * len(framework_modes(suite.frameworks)) * len(suite.plan_list())
 
 
 @dataclasses.dataclass
@@ -146,7 +159,7 @@ class _StressCases:
     base: UserStack
 
     def new_case(self, framework, mode, name, plan):
-        gpt = self.variant in ("bf16", "frozen")
+        gpt = self.variant in GPT_VARIANTS
         case = new_case(framework, mode, name, plan, self.case_cfg, self.suite.preset.name)
         case.update(variant=self.variant, model=self.suite.preset.name if gpt else "user-stack")
         return case
@@ -155,8 +168,7 @@ class _StressCases:
         return f"{self.variant} {framework}/{mode} {name}"
 
     def run(self, framework, mode, plan, *, again):
-        suite = dataclasses.replace(self.suite, timing_repeats=1) if again else self.suite
-        return _run(self.variant, framework, mode, plan, suite, self.cfg, self.params, self.tokens, self.base)
+        return _run(self.variant, framework, mode, plan, self.suite, self.cfg, self.params, self.tokens, self.base, again)
 
     def check(self, case, framework, mode, plan, res, ref, again):
         if again is not None:
@@ -175,7 +187,7 @@ def run_stress(suite, on_case: Callable | None = None, on_start: Callable | None
     variants use ``suite.preset``.
     """
     callbacks = Callbacks(on_case=on_case, on_start=on_start, on_partial=on_partial)
-    schedules = suite.schedule_objects()
+    plans = suite.plan_list()
     base = user_stack or UserStack(seed=suite.seed)
     cfg = suite.preset.config.replace(dtype="float32")
     params = init_params(cfg, seed=suite.seed)
@@ -186,13 +198,9 @@ def run_stress(suite, on_case: Callable | None = None, on_start: Callable | None
               "user_stack": dataclasses.asdict(base), "variants": list(variants),
               "cases": [], "cross_framework": []}
     for variant in variants:
-        gpt = variant in ("bf16", "frozen")
-        case_cfg = cfg if gpt else TransformerConfig(n_layer=base.n_layer)
-        modes = [(f, m) for f, m in FRAMEWORK_MODES if f in suite.frameworks]
-        results = run_cases(report, schedules, modes,
+        case_cfg = cfg if variant in GPT_VARIANTS else TransformerConfig(n_layer=base.n_layer)
+        results = run_cases(report, plans, framework_modes(suite.frameworks),
                             _StressCases(variant, suite, cfg, case_cfg, params, tokens, base), callbacks)
-        if variant in CROSS_VARIANTS and {"jax", "torch"} <= set(suite.frameworks):
-            for name, _ in schedules:
-                jax_res = results.get(("jax", "jit", name)) or results.get(("jax", "eager", name))
-                report["cross_framework"].append(_cross(variant, name, jax_res, results.get(("torch", "eager", name)), cfg))
+        if variant in CROSS_VARIANTS and set(FRAMEWORK_NAMES) <= set(suite.frameworks):
+            report["cross_framework"] += _cross_rows(variant, plans, results, cfg, params, tokens)
     return report

@@ -20,18 +20,18 @@ from jaxremat.spec.policies import POLICIES
 
 from parity.cases import stress
 from parity.cases.budget_plan import BudgetRequest, parse_case_plan, resolve
-from parity.cases.loop import FRAMEWORK_MODES, Callbacks, run_cases
+from parity.cases.loop import Callbacks, run_cases
 from parity.cases.record import fill_case, new_case
-from parity.checks.compare import cross_check, tolerance_for
-from parity.checks.loss_terms import loss_term_scale
-from parity.checks.names import expected_names, measured_names
+from parity.checks.compare import cross_row
+from parity.checks.names import check_kept_names
 from parity.checks.predictions import attach_predictions
 from parity.checks.saving import attach_saving
 from parity.inputs.presets import ModelPreset
 from parity.inputs.train import AdamWConfig
 from parity.inputs.pretrained import preset_inputs
 from parity.report.suite_report import SCHEMA_VERSION
-from parity.runners.dispatch import run_framework
+from parity.runners.framework import (FRAMEWORK_NAMES, FRAMEWORKS, RunOptions, framework_modes, get_framework,
+                                      loss_term_scale)
 from parity.runners.result import RunResult
 
 QUICK_PLANS = DEFAULT_SCHEDULES
@@ -58,140 +58,96 @@ class SuiteConfig:
     Attributes:
         name: suite name (``quick``, ``full`` or ``stress``; ``stress`` runs :mod:`parity.cases.stress`).
         preset: model preset (config, batch size, sequence length).
-        schedules: plans ``SCHEDULE`` or ``SCHEDULE+POLICY`` (:mod:`jaxremat.spec.plan`), ``none``
-            first (it is the reference and is added if missing).
+        plans: the plans to check against ``none``: :class:`jaxremat.spec.plan.RematPlan` objects, or
+            :class:`parity.cases.budget_plan.BudgetRequest` s chosen for a memory budget when their case
+            runs; names (``"sqrt"``, ``"full+save_dots"``, ``"budget(50%)"``) are parsed once, here.
+            ``none`` is the reference: it runs first, added if missing.
         dtypes: dtypes to run (``float32``, ``float64``).
-        frameworks: subset of ``("jax", "torch")``.
+        frameworks: names of :data:`parity.runners.framework.FRAMEWORKS`.
         hparams: optimizer settings of the trained-weights check.
         timing_repeats: timed training steps per case (median reported), after one warm-up.
         seed: seed of the weights and of the token windows.
         modes: the (framework, mode) pairs to run, a subset of
-            :data:`parity.cases.loop.FRAMEWORK_MODES` (None: all of them; ``python -m parity plan``
-            runs JAX under ``jit`` only).
+            :func:`parity.runners.framework.framework_modes` (None: all of them; ``python -m parity plan``
+            runs each framework's measured mode only).
+
+    Raises:
+        ValueError: a plan name that does not parse.
     """
 
     name: str
     preset: ModelPreset
-    schedules: tuple[str, ...]
+    plans: tuple
     dtypes: tuple[str, ...] = ("float32",)
-    frameworks: tuple[str, ...] = ("jax", "torch")
+    frameworks: tuple[str, ...] = FRAMEWORK_NAMES
     hparams: AdamWConfig = AdamWConfig()
     timing_repeats: int = 5
     seed: int = 0
     modes: tuple[tuple[str, str], ...] | None = None
 
-    def schedule_objects(self) -> list[tuple[str, "RematPlan | BudgetRequest"]]:
-        """``[(canonical name, plan)]`` with ``none`` first; raises ValueError on a bad name.
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plans", tuple(parse_case_plan(p) for p in self.plans))
 
-        ``plan(50%)`` and ``best_uniform(12MiB)`` are :class:`parity.cases.budget_plan.BudgetRequest` s,
-        resolved when their case runs.
+    def plan_list(self) -> list[tuple[str, "RematPlan | BudgetRequest"]]:
+        """``[(canonical name, plan)]`` with ``none`` first, each checked against the model.
+
+        Raises:
+            ValueError: a plan that does not resolve at the model's depth (``segments(s)`` with
+                s > N), a budget plan on a model without a planner chain or with dropout, or a
+                policy a framework of the suite cannot render.
         """
-        parsed = [parse_case_plan(s) for s in self.schedules]
         out, seen = [], set()
-        for plan in [parse_plan("none")] + parsed:
+        for plan in (parse_plan("none"), *self.plans):
             if plan.name not in seen:
                 seen.add(plan.name)
                 out.append((plan.name, plan))
-        for _, plan in out:  # resolve now so s > n_layer fails before any work starts
+        for _, plan in out:  # resolved now, so s > n_layer fails before any work starts
             if isinstance(plan, BudgetRequest):
-                spec = get_model(getattr(self.preset.config, "arch", "gpt"))
-                if spec.jax_planner_chain is None or spec.torch_planner_chain is None:
-                    raise ValueError(f"{plan.name}: model family {spec.name!r} has no planner chain "
-                                     "(ModelSpec.jax_planner_chain / torch_planner_chain); use --model gpt-small")
-                if any(self.preset.dropouts or (self.preset.config.dropout,)):
-                    raise ValueError(f"{plan.name}: budget plans are planned from menus measured without dropout; "
-                                     f"model {self.preset.name!r} runs dropout "
-                                     f"{max(self.preset.dropouts or (self.preset.config.dropout,))} too: use "
-                                     f"python -m parity plan --model {self.preset.name}, which runs dropout 0")
+                self._check_budget(plan)
                 continue
             plan.segments_for(self.preset.config.n_layer)
-            for p in plan.policies:
-                if ("torch" in self.frameworks and "block_input" in (p.kept_names | p.offloaded_names)
-                        and not p.save_everything):
-                    raise ValueError(f"plan {plan.name!r}: PyTorch cannot keep 'block_input' (a checkpointed segment "
-                                     "is replayed from its start); drop it or run --frameworks jax")
+            for fw in self.frameworks:
+                FRAMEWORKS[fw].check_policies(plan)
         return out
 
-
-def _check_kept(case: dict, framework: str, cfg, suite: SuiteConfig, plan: RematPlan, res: RunResult, ref: RunResult,
-                cache: dict) -> None:
-    """Record what one checkpointed block keeps under the plan's policy and whether it is as declared.
-
-    ``save_everything`` must keep exactly the bytes of ``none``; every other policy must keep (and
-    offload) the activation names :func:`parity.checks.names.expected_names` gives. A segment plan
-    whose segments follow several policies is checked policy by policy: ``block_names`` and
-    ``expected_names`` are then lists with one entry per policy (``{"policy": name, ...}``) and
-    ``names_ok`` holds when every entry is as declared; its ``save_everything`` segments are
-    checked by the cost model only (the plan keeps less than ``none`` elsewhere).
-    """
-    policies = [p for p in plan.policies if not p.saves_nothing]
-    if not policies:
-        return
-    if not get_model(cfg.arch).block_names_measurable:  # block_memory builds the GPT block only
-        case["expected_names"] = "not measured for this architecture"
-        return
-    if len(plan.policies) == 1 and policies[0].save_everything:
-        case["names_ok"] = res.memory.saved_bytes == ref.memory.saved_bytes
-        case["expected_names"] = "the same saved bytes as none"
-        return
-    checked = []
-    for policy in (p for p in policies if not p.save_everything):
-        key = (framework, cfg, policy)
-        if key not in cache:
-            cache[key] = measured_names(framework, cfg, suite.preset.batch_size, suite.preset.seq_len, policy)
-        measured, expected = cache[key], expected_names(policy, framework)
-        ok = measured["kept"] == expected["kept"] and measured["offloaded"] == expected["offloaded"]
-        checked.append((policy.name, measured, expected, ok))
-    if len(plan.policies) == 1:
-        _, case["block_names"], case["expected_names"], case["names_ok"] = checked[0]
-        return
-    case["block_names"] = [{"policy": name, **measured} for name, measured, _, _ in checked]
-    case["expected_names"] = [{"policy": name, **expected} for name, _, expected, _ in checked]
-    case["names_ok"] = all(ok for *_, ok in checked)
+    def _check_budget(self, plan: BudgetRequest) -> None:
+        spec = get_model(self.preset.config.arch)
+        if spec.jax_planner_chain is None or spec.torch_planner_chain is None:
+            raise ValueError(f"{plan.name}: model family {spec.name!r} has no planner chain "
+                             "(ModelSpec.jax_planner_chain / torch_planner_chain); use --model gpt-small")
+        rates = self.preset.dropouts or (self.preset.config.dropout,)
+        if any(rates):
+            raise ValueError(f"{plan.name}: budget plans are planned from menus measured without dropout; "
+                             f"model {self.preset.name!r} runs dropout {max(rates)} too: use "
+                             f"python -m parity plan --model {self.preset.name}, which runs dropout 0")
 
 
-def _cross(schedule: str, dtype: str, a: RunResult | None, b: RunResult | None, term_scale: float | None,
-           scale_error: str | None = None) -> dict:
-    """JAX (``a``) against PyTorch (``b``) on one schedule: :func:`parity.checks.compare.cross_check`'s fields.
-
-    The loss is checked relative to ``term_scale`` (:func:`parity.checks.loss_terms.loss_term_scale`),
-    each gradient tensor relative to its largest entry; ``tolerance`` is the gradient bound and
-    ``tolerance_loss`` the loss bound, each with its reason.
-    """
-    tol, tol_loss = tolerance_for(dtype, "grads"), tolerance_for(dtype, "loss")
-    out = {"schedule": schedule, "dtype": dtype, "tolerance": tol.bound, "tolerance_reason": tol.reason,
-           "tolerance_loss": tol_loss.bound, "tolerance_loss_reason": tol_loss.reason,
-           "loss_err": None, "loss_abs_diff": None, "loss_term_scale": term_scale,
-           "max_rel_err_loss": None, "max_rel_err_grads": None, "worst_grad": None, "ok": False, "error": None}
-    if a is None or b is None:
-        out["error"] = "a framework's case did not complete; nothing to compare"
-        return out
-    if term_scale is None:
-        out["error"] = scale_error or "the loss's term scale could not be computed; nothing to compare"
-        return out
-    out.update(cross_check(a.loss, b.loss, a.grads, b.grads, term_scale, dtype))
-    return out
-
-
-def _cross_rows(schedules, dtype: str, results: dict, cfg, params, tokens) -> list[dict]:
-    """One :func:`_cross` row per schedule (JAX ``jit``, else op by op, against PyTorch)."""
+def _cross_rows(plans, dtype: str, results: dict, cfg, params, tokens) -> list[dict]:
+    """One :func:`parity.checks.compare.cross_row` per plan: JAX (its measured mode, else op by op)
+    against PyTorch, on the loss's term scale (computed once per dtype by the reference framework)."""
     scale, failure = None, None
     try:
         scale = loss_term_scale(cfg, params, tokens)
     except Exception as exc:  # recorded on every row, and the suite goes on
         failure = f"the loss's term scale could not be computed: {type(exc).__name__}: {exc}"
     results = {k: v.result if isinstance(v, _Planned) else v for k, v in results.items()}
-    # a budget case compares the two frameworks' own plans for one budget: remat changes no math
-    return [_cross(name, dtype, results.get(("jax", "jit", name)) or results.get(("jax", "eager", name)),
-                   results.get(("torch", "eager", name)), scale, failure) for name, _ in schedules]
+
+    def run_of(fw, name):  # a budget case compares the two frameworks' own plans: remat changes no math
+        return next((results[(fw, m, name)] for m in FRAMEWORKS[fw].modes if (fw, m, name) in results), None)
+
+    a_fw, b_fw = FRAMEWORK_NAMES
+    return [cross_row(name, dtype, run_of(a_fw, name), run_of(b_fw, name), scale, failure=failure)
+            for name, _ in plans]
 
 
 def _runs(suite: SuiteConfig, framework: str, mode: str, dropout: float) -> bool:
-    """Whether ``framework``/``mode`` runs at this dropout rate (JAX op by op only at the preset's eager_dropouts)."""
+    """Whether ``framework``/``mode`` runs at this dropout rate: a mode that is not the framework's
+    measured one (JAX op by op) runs only at the preset's ``eager_dropouts``."""
     eager_dropouts = suite.preset.eager_dropouts
-    skip_eager = (framework, mode) == ("jax", "eager") and eager_dropouts is not None and dropout not in eager_dropouts
+    skip = (mode != FRAMEWORKS[framework].measured_mode and eager_dropouts is not None
+            and dropout not in eager_dropouts)
     chosen = suite.modes is None or (framework, mode) in suite.modes
-    return framework in suite.frameworks and not skip_eager and chosen
+    return framework in suite.frameworks and not skip and chosen
 
 
 def count_cases(suite: SuiteConfig) -> int:
@@ -199,8 +155,8 @@ def count_cases(suite: SuiteConfig) -> int:
     if suite.name == "stress":
         return stress.case_count(suite)
     dropouts = suite.preset.dropouts or (suite.preset.config.dropout,)
-    modes = sum(_runs(suite, f, m, r) for r in dropouts for f, m in FRAMEWORK_MODES)
-    return len(suite.dtypes) * modes * len(suite.schedule_objects())
+    modes = sum(_runs(suite, f, m, r) for r in dropouts for f, m in framework_modes())
+    return len(suite.dtypes) * modes * len(suite.plan_list())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,14 +191,15 @@ class _SuiteCases:
         return f"{framework}/{mode} {self.cfg.dtype} {name}"
 
     def _run(self, framework, mode, plan, *, again):
-        if again:  # the reference's second run: determinism, one timed step
-            suite = dataclasses.replace(self.suite, timing_repeats=1)
-            return run_framework(framework, mode, self.cfg, self.params, self.tokens, plan, suite,
-                                 with_reverse_loop=False)
-        # The hand-rolled loop is checked op by op in JAX: under jit it is a different XLA program
-        # (Python-unrolled segments), fused differently (docs/framework-differences.md).
-        return run_framework(framework, mode, self.cfg, self.params, self.tokens, plan, self.suite,
-                             with_reverse_loop=plan.name != "none" and (framework, mode) != ("jax", "jit"))
+        measured = mode == FRAMEWORKS[framework].measured_mode
+        # The hand-rolled loop is checked in uncompiled modes: under jit it is a different XLA program
+        # (Python-unrolled segments), fused differently (docs/framework-differences.md). Op by op, JAX
+        # dispatches every primitive from Python (about a second per step here): that mode checks the
+        # loss and gradients; training and step time are measured in the measured mode.
+        options = RunOptions(hparams=self.suite.hparams, timing_repeats=1 if again else self.suite.timing_repeats,
+                             seed=self.suite.seed, with_training=measured,
+                             with_reverse_loop=not again and plan.name != "none" and mode == "eager")
+        return get_framework(framework).run_plan(mode, self.cfg, self.params, self.tokens, plan, options)
 
     def run(self, framework, mode, plan, *, again):
         if not isinstance(plan, BudgetRequest):
@@ -254,7 +211,7 @@ class _SuiteCases:
         B, T = self.suite.preset.batch_size, self.suite.preset.seq_len
         r = resolve(plan, framework, self.cfg, B, T, self.refs[(framework, mode)],
                     lambda p: self._run(framework, mode, p, again=False),
-                    min_checkpoint_length=self.suite.preset.jax_min_checkpoint_length if framework == "jax" else 1)
+                    min_checkpoint_length=self.suite.preset.min_checkpoint_length.get(framework, 1))
         self.resolved[key] = r
         return _Planned(r, r.result)
 
@@ -270,7 +227,7 @@ class _SuiteCases:
             self.refs[(framework, mode)] = res
             fill_case(case, dataclasses.replace(again, step_time_s=res.step_time_s, step_times_s=res.step_times_s), ref)
         else:
-            _check_kept(case, framework, self.cfg, self.suite, plan, res, ref, self.names_cache)
+            check_kept_names(case, framework, self.cfg, B, T, plan, res, ref, self.names_cache)
             fill_case(case, res, ref)
         attach_predictions(case, framework, self.cfg, B, T, plan, res)
         if again is None:
@@ -332,7 +289,7 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
     if suite.name == "stress":
         return stress.run_stress(suite, on_case=on_case, on_start=on_start, on_partial=on_partial)
     callbacks = Callbacks(on_case=on_case, on_start=on_start, on_partial=on_partial)
-    schedules = suite.schedule_objects()
+    plans = suite.plan_list()
     report = {"schema": SCHEMA_VERSION, "suite": suite.name, "model": suite.preset.name,
               "config": None, "batch_size": suite.preset.batch_size, "seq_len": suite.preset.seq_len,
               "hparams": dataclasses.asdict(suite.hparams), "seed": suite.seed,
@@ -345,9 +302,9 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
         spec = get_model(cfg.arch)
         if spec.peer_checks is not None and dropout == 0.0:
             report.setdefault("peer", []).extend(_peer_rows(spec, suite, cfg, params, tokens, dtype))
-        modes = [(f, m) for f, m in FRAMEWORK_MODES if _runs(suite, f, m, dropout)]
-        results = run_cases(report, schedules, modes, _SuiteCases(suite, cfg, params, tokens), callbacks)
+        modes = [(f, m) for f, m in framework_modes(suite.frameworks) if _runs(suite, f, m, dropout)]
+        results = run_cases(report, plans, modes, _SuiteCases(suite, cfg, params, tokens), callbacks)
         # With dropout the two frameworks draw different masks (different RNGs): compared only without.
-        if "jax" in suite.frameworks and "torch" in suite.frameworks and dropout == 0.0:
-            report["cross_framework"] += _cross_rows(schedules, dtype, results, cfg, params, tokens)
+        if set(FRAMEWORK_NAMES) <= set(suite.frameworks) and dropout == 0.0:
+            report["cross_framework"] += _cross_rows(plans, dtype, results, cfg, params, tokens)
     return report

@@ -29,8 +29,8 @@ schedules and policies at one depth.
 
 from __future__ import annotations
 
-# Deferred imports: JAX and PyTorch load only in their own measurement function (a one-framework sweep never
-# loads the other).
+# Deferred imports: jaxremat.survival loads JAX; it is imported where the sweep assesses compiled programs (a
+# PyTorch-only sweep never loads JAX).
 
 import dataclasses
 import math
@@ -39,26 +39,28 @@ import time
 
 import numpy as np
 
-from jaxremat.spec import peak_units
-from jaxremat.models import TransformerConfig, init_params, param_shapes
+from jaxremat.models import TransformerConfig, param_shapes
 from jaxremat.models.gpt import activation as am
+from jaxremat.spec import parse_schedule, peak_units
 from jaxremat.spec.plan import RematPlan, parse_plan
 
 from parity.cases.loop import Callbacks, run_cases
-from parity.cases.record import overhead_range
+from parity.cases.record import base_case, overhead_range
+from parity.checks.predictions import GAP_LIMIT, gap, gap_flags
 from parity.inputs.corpus import token_batch
-from jaxremat.spec import parse_schedule
+from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, check_frameworks, get_framework
 
 DEFAULT_DEPTHS = (4, 8, 16, 32, 64)
 DEFAULT_SCHEDULES = ("none", "full", "sqrt", "nested")
 FRONTIER_PLANS = ("none", "full", "sqrt", "nested", "every_k(2)", "full+save_dots", "full+save_qkv_proj",
                   "full+attention_only")
 SWEEP_CONFIG = TransformerConfig(n_layer=4, d_model=32, n_head=2, d_ff=128, max_seq_len=32, vocab_size=256)
-GAP_LIMIT = 0.10
-"""Predicted vs measured gaps above this fraction of the measurement are flagged."""
-SWEEP_SCHEMA_VERSION = 3
-"""sweep.json schema: 3 runs the cases in the one case loop (``status``, ``compared_with``); 2 measured through
-the runners' one path per framework (docs/report-schema.md)."""
+SWEEP_MODEL = "gpt-sweep"
+"""The sweep's model in its case records: :data:`SWEEP_CONFIG` at each depth."""
+SWEEP_SCHEMA_VERSION = 4
+"""sweep.json schema: 4 gives each case the fields every case record starts with (``mode``, ``model``,
+``dtype``, ``dropout``; :data:`parity.cases.record.BASE_FIELDS`); 3 runs the cases in the one case loop
+(``status``, ``compared_with``); 2 measured through the runners' one path per framework (docs/report-schema.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +70,7 @@ class SweepConfig:
     Attributes:
         depths: block counts N (each >= 1, at least two for a slope).
         plans: remat plans (``SCHEDULE`` or ``SCHEDULE+POLICY``), ``none`` included.
-        frameworks: subset of ``("jax", "torch")``.
+        frameworks: names of :data:`parity.runners.framework.FRAMEWORKS`.
         config: the model (its ``n_layer`` is replaced by each depth).
         batch_size, seq_len: B and T of the token batch.
         frontier_depth: depth of the frontier measurement (None: skip it).
@@ -78,7 +80,7 @@ class SweepConfig:
 
     depths: tuple[int, ...] = DEFAULT_DEPTHS
     plans: tuple[str, ...] = DEFAULT_SCHEDULES
-    frameworks: tuple[str, ...] = ("jax", "torch")
+    frameworks: tuple[str, ...] = FRAMEWORK_NAMES
     config: TransformerConfig = SWEEP_CONFIG
     batch_size: int = 2
     seq_len: int = 32
@@ -89,9 +91,9 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if len(set(self.depths)) < 2 or any(not isinstance(d, int) or d < 1 for d in self.depths):
             raise ValueError(f"depths must be at least two distinct integers >= 1, got {self.depths}")
-        bad = [f for f in self.frameworks if f not in am.FRAMEWORKS]
-        if bad or not self.frameworks:
-            raise ValueError(f"frameworks must be a non-empty subset of {am.FRAMEWORKS}, got {self.frameworks}")
+        if not self.frameworks:
+            raise ValueError(f"frameworks must be a non-empty subset of {FRAMEWORK_NAMES}, got {self.frameworks}")
+        check_frameworks("frameworks", self.frameworks)
         for p in self.plans:  # raises ValueError with the valid names, or the depth that does not fit
             for d in self.depths:
                 _check_plan_depth(p, d)
@@ -118,101 +120,11 @@ def _param_bytes(cfg: TransformerConfig) -> int:
     return sum(math.prod(s) for s in param_shapes(cfg).values()) * item
 
 
-def _timed(fn, repeats: int) -> dict:
-    """``step_time_s`` (median) and ``step_times_s`` (every timed call), seconds, after one warm-up."""
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return {"step_time_s": float(statistics.median(times)), "step_times_s": [float(t) for t in times]}
-
-
-def _memory_fields(memory) -> dict:
-    """A sweep case's memory fields from the one measurement path's :class:`parity.runners.result.Memory`."""
-    return {"saved_bytes": memory.saved_bytes, "offloaded_bytes": memory.offloaded_bytes,
-            "peak_bytes": memory.peak_bytes, "peak_activation_bytes": memory.peak_activation_bytes,
-            "peak_source": memory.peak_source, "peak_activation_source": memory.peak_activation_source}
-
-
-def measure_jax(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, repeats: int) -> dict:
-    """Saved, peak-activation bytes and step time of ``jit(value_and_grad(loss_fn))`` in JAX.
-
-    The memory is :func:`parity.runners.jax_memory.measure_jax`'s (no device peak: in one sweep
-    process the allocator's high-water mark spans every case; device peaks come from
-    ``python -m parity.cases.gpu_pass``, a fresh process per case).
-    """
-    import jax
-    import jax.numpy as jnp
-
-    from jaxremat.memory import gpu_available
-    from jaxremat.model import loss_fn
-    from jaxremat.survival import count_dots
-
-    from parity.runners.jax_memory import measure_jax as measure_jax_memory
-
-    params = {k: jnp.asarray(v) for k, v in init_params(cfg).items()}
-    tok = jnp.asarray(tokens, dtype=jnp.int32)
-    policy = None if plan.policy.saves_nothing else plan.policy
-
-    def loss(p, t):
-        return loss_fn(p, t, cfg, plan.schedule, policy=policy)
-
-    lowered = jax.jit(jax.value_and_grad(loss)).lower(params, tok)
-    compiled = lowered.compile()
-    memory = measure_jax_memory(lambda p: loss(p, tok), params, compiled)
-    out = {**_memory_fields(memory), "compiled": dict(memory.peak_breakdown),
-           **_timed(lambda: jax.block_until_ready(compiled(params, tok)), repeats)}
-    out["dots_before"] = count_dots(lowered.as_text(), optimized=False)
-    out["dots_after"] = count_dots(compiled.as_text(), optimized=True)
-    if gpu_available():
-        out["peak_activation_source"] += "; device peaks: python -m parity.cases.gpu_pass"
-    return out
-
-
-def measure_torch(cfg: TransformerConfig, tokens: np.ndarray, plan: RematPlan, repeats: int) -> dict:
-    """Saved, peak-activation bytes and step time of one forward+backward step in PyTorch.
-
-    The memory is :func:`parity.runners.torch_memory.measure_torch`'s with the ``live_bytes``
-    counter on CPU (MemTracker's cost grows with depth; the counts agree).
-    """
-    import torch
-
-    from torchref.model import GPT
-    from torchref.render import model_loss
-
-    from parity.runners.torch_memory import measure_torch as measure_torch_memory
-
-    model = GPT.from_params(cfg, init_params(cfg))
-    tok = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
-    policy = None if plan.policy.saves_nothing else plan.policy
-
-    def step():
-        model.zero_grad(set_to_none=False)  # gradients stay allocated: constant, subtracted below
-        model_loss(model, tok, plan.schedule, policy=policy).backward()
-
-    step()  # allocates the gradients
-    fixed = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters())]
-    memory = measure_torch_memory(
-        lambda sac, on_input: model_loss(model, tok, plan.schedule, policy=sac, on_checkpoint_input=on_input),
-        step, exclude=[*model.parameters(), *model.buffers()], tracked=(model,), policy=policy,
-        counter="live_bytes", fixed=fixed)
-    return {**_memory_fields(memory), **_timed(step, repeats)}
-
-
 def _predictions(framework: str, cfg, B: int, T: int, plan: RematPlan) -> dict:
     if not plan.saves_nothing:  # the per-layer model covers schedules, not policies (per-segment ones included)
         return {"predicted_saved_bytes": None, "predicted_peak_activation_bytes": None}
     return {"predicted_saved_bytes": am.predict_saved_bytes(framework, cfg, B, T, plan.schedule),
             "predicted_peak_activation_bytes": am.predict_peak_activation_bytes(framework, cfg, B, T, plan.schedule)}
-
-
-def gap(predicted: int | None, measured: int | None) -> float | None:
-    """``(predicted - measured) / measured``, or None when either is missing."""
-    if predicted is None or not measured:
-        return None
-    return (predicted - measured) / measured
 
 
 class SweepCases:
@@ -221,7 +133,7 @@ class SweepCases:
     They are measured, not compared bitwise: no determinism re-run of ``none``
     (``rerun_reference = False``), and a plan still runs when ``none`` failed
     (``requires_reference = False``; at depth ``none`` may be the case that does not fit).
-    Each case holds its measurement (:func:`measure_jax` / :func:`measure_torch`), the per-layer
+    Each case holds its measurement (:meth:`parity.runners.framework.Framework.measure_plan`), the per-layer
     model's predictions and the gaps between them; ratios to ``none`` are attached after the loop.
     """
 
@@ -234,8 +146,8 @@ class SweepCases:
         self.B, self.T = tokens.shape[0], tokens.shape[1] - 1
 
     def new_case(self, framework, mode, name, plan):
-        return {"framework": framework, "plan": plan.name, "n_layer": self.cfg.n_layer, "status": "error",
-                "error": None, "unit_peak": peak_units(self.cfg.n_layer, plan.schedule),
+        return {**base_case(framework, mode, plan.name, SWEEP_MODEL, self.cfg),
+                "unit_peak": peak_units(self.cfg.n_layer, plan.schedule),
                 **_predictions(framework, self.cfg, self.B, self.T, plan),
                 "in_depth_sweep": plan.name in self.depth_sweep_plans}
 
@@ -243,21 +155,14 @@ class SweepCases:
         return f"{framework} N={self.cfg.n_layer} {name}"
 
     def run(self, framework, mode, plan, *, again):
-        measure = measure_jax if framework == "jax" else measure_torch
-        return measure(self.cfg, self.tokens, plan, self.repeats)
+        return get_framework(framework).measure_plan(self.cfg, self.tokens, plan, self.repeats)
 
     def check(self, case, framework, mode, plan, res, ref, again):
         case.update(res)
         case["saved_gap"] = gap(case["predicted_saved_bytes"], case["saved_bytes"])
         case["peak_gap"] = gap(case["predicted_peak_activation_bytes"], case["peak_activation_bytes"])
-        case["flags"] = [f"{what} predicted {g:+.0%} off the measurement" for what, g in
-                         (("saved bytes", case["saved_gap"]), ("peak activation bytes", case["peak_gap"]))
-                         if g is not None and abs(g) > GAP_LIMIT]
+        case["flags"] = gap_flags(case["saved_gap"], case["peak_gap"])
         case["status"] = "measured"
-
-
-SWEEP_MODES = {"jax": ("jax", "jit"), "torch": ("torch", "eager")}
-"""The (framework, mode) each framework's sweep cases run in."""
 
 
 def fit_slope(depths, values) -> float | None:
@@ -274,13 +179,18 @@ def _tokens(sweep: SweepConfig) -> np.ndarray:
 
 
 def _attach_survival(cases: list[dict]) -> None:
-    """JAX cases: did the compiled program realize the saving its residuals promise (vs ``none``)?"""
+    """Cases of a compiled program (those with ``dots_before``: JAX): did the program realize the saving
+    its residuals promise (vs ``none`` at the same depth)?"""
+    compiled = [c for c in cases if not c["error"] and "dots_before" in c]
+    if not compiled:
+        return
     from jaxremat.survival import assess
 
-    by_depth = {c["n_layer"]: c for c in cases if c["framework"] == "jax" and c["plan"] == "none" and not c["error"]}
-    for c in cases:
-        ref = by_depth.get(c["n_layer"])
-        if c["framework"] != "jax" or c["error"] or ref is None or c is ref:
+    compiled = [c for c in cases if not c["error"] and "dots_before" in c]
+    by_depth = {(c["framework"], c["n_layer"]): c for c in compiled if c["plan"] == "none"}
+    for c in compiled:
+        ref = by_depth.get((c["framework"], c["n_layer"]))
+        if ref is None or c is ref:
             continue
         s = assess(f"{c['plan']} at N={c['n_layer']}", none_saved=ref["saved_bytes"], saved=c["saved_bytes"],
                    none_temp=ref["compiled"]["temp_bytes"], temp=c["compiled"]["temp_bytes"],
@@ -325,7 +235,7 @@ def sqrt_reduction(cases: list[dict], cfg: TransformerConfig, B: int, T: int, de
     none, sq = parse_schedule("none"), parse_schedule("sqrt")
     c_at = cfg.replace(n_layer=depth)
     out = {"n_layer": depth, "unit_model": peak_units(depth, none) / peak_units(depth, sq)}
-    for fw in am.FRAMEWORKS:
+    for fw in FRAMEWORK_NAMES:
         got = {c["plan"]: c for c in cases if c["framework"] == fw and c["n_layer"] == depth and not c["error"]}
         if "none" not in got or "sqrt" not in got:
             continue
@@ -343,14 +253,7 @@ def block_accounts(cfg: TransformerConfig, B: int, T: int, frameworks) -> dict:
     out = {}
     for fw in frameworks:
         model = am.block_tensors(fw, cfg, B, T)
-        if fw == "jax":
-            from jaxremat.block_memory import block_residuals
-
-            measured = [(r.shape, r.dtype, r.bytes) for r in block_residuals(cfg, B, T)]
-        else:
-            from torchref.block_memory import block_saved
-
-            measured = [(tuple(r["shapes"][0]), r["dtype"], r["bytes"]) for r in block_saved(cfg, B, T)]
+        measured = get_framework(fw).block_saved(cfg, B, T)
         match = measured == [(t.shape, t.dtype, t.bytes) for t in model]
         by_name: dict = {}
         for t, (_, _, nbytes) in zip(model, measured):  # measured bytes, named by the matching model entry
@@ -372,7 +275,7 @@ def run_sweep(sweep: SweepConfig, on_case=None) -> dict:
     depth_plans = [parse_plan(p).name for p in sweep.plans]
     frontier_plans = [parse_plan(p).name for p in sweep.frontier_plans] if sweep.frontier_depth is not None else []
     report: dict = {"cases": []}
-    modes = [SWEEP_MODES[fw] for fw in sweep.frameworks]
+    modes = [(fw, FRAMEWORKS[fw].measured_mode) for fw in sweep.frameworks]
     for depth in sorted(set(sweep.depths) | ({sweep.frontier_depth} if sweep.frontier_depth is not None else set())):
         names = [*(depth_plans if depth in sweep.depths else []),
                  *(frontier_plans if depth == sweep.frontier_depth else [])]

@@ -55,7 +55,7 @@ class Tolerance:
 
 
 _LOSS = ("error |a - b| / S, where S is the mean over the loss's rows of |logsumexp(z_i)| + |z_i[t_i]|, "
-         "the terms each row's cross-entropy is the difference of (parity/checks/loss_terms.py): a loss can "
+         "the terms each row's cross-entropy is the difference of (parity/runners/torch_loss_terms.py): a loss can "
          "only be rounded relative to its terms, not to itself (all-MiniLM-L6-v2's contrastive loss is "
          "0.02 from terms near 16.5, S = 33.1; a GPT at initialisation has S close to its loss). ")
 _GRADS = ("error max|a - b| / max|b| per parameter tensor (each stacked over the layers), the largest "
@@ -215,7 +215,7 @@ def loss_error(test, ref, term_scale: float) -> float:
 
     Args:
         test, ref: 0-d losses (any float dtype; compared in float64).
-        term_scale: :func:`parity.checks.loss_terms.loss_term_scale` of the batch (> 0, finite).
+        term_scale: :func:`parity.runners.torch_loss_terms.loss_term_scale` of the batch (> 0, finite).
 
     Returns:
         The error (inf when either loss is NaN or inf).
@@ -247,7 +247,7 @@ def cross_check(loss_test, loss_ref, grads_test: Mapping[str, np.ndarray], grads
     Args:
         loss_test, loss_ref: 0-d losses (JAX, PyTorch).
         grads_test, grads_ref: gradients by canonical name, same names and shapes.
-        term_scale: the loss's term scale (:func:`parity.checks.loss_terms.loss_term_scale`).
+        term_scale: the loss's term scale (:func:`parity.runners.torch_loss_terms.loss_term_scale`).
         dtype: key of the tolerance table.
 
     Returns:
@@ -274,4 +274,44 @@ def cross_check(loss_test, loss_ref, grads_test: Mapping[str, np.ndarray], grads
     out["loss_ok"] = bool(loss_err <= tol_loss.bound)
     out["grads_ok"] = bool(grads_err <= tol_grads.bound)
     out["ok"] = out["loss_ok"] and out["grads_ok"]
+    return out
+
+
+def cross_row(plan: str, dtype: str, a, b, term_scale: float | None, *, failure: str | None = None,
+              grads_a: Mapping[str, np.ndarray] | None = None, grads_b: Mapping[str, np.ndarray] | None = None,
+              **extra) -> dict:
+    """One cross-framework row of a report: JAX's run ``a`` against PyTorch's ``b`` on one plan, by :func:`cross_check`.
+
+    The one builder of every suite's cross-framework rows (quick, full, stress, distributed): the
+    loss checked relative to ``term_scale`` (:func:`parity.runners.torch_loss_terms.loss_term_scale`), each
+    gradient tensor relative to its largest entry, each against :data:`TOLERANCES` with its reason.
+
+    Args:
+        plan: the plan's name.
+        dtype: key of the tolerance table.
+        a, b: the two runs (anything with ``loss`` and ``grads``), or None when a case did not complete.
+        term_scale: the loss's term scale; None when it could not be computed (``failure`` says why).
+        failure: why the row could not be computed, recorded as its ``error``.
+        grads_a, grads_b: the gradients to compare, when not ``a.grads`` / ``b.grads`` (e.g. the
+            trainable entries only).
+        extra: fields the row carries besides (``variant``, the meshes...), placed after ``plan``.
+
+    Returns:
+        ``{"plan", **extra, "dtype", "tolerance", "tolerance_reason", "tolerance_loss",
+        "tolerance_loss_reason", ..., "ok", "error"}`` with :func:`cross_check`'s fields when both
+        runs and the scale are there; ``ok`` False and ``error`` set otherwise.
+    """
+    tol, tol_loss = tolerance_for(dtype, "grads"), tolerance_for(dtype, "loss")
+    out = {"plan": plan, **extra, "dtype": dtype, "tolerance": tol.bound, "tolerance_reason": tol.reason,
+           "tolerance_loss": tol_loss.bound, "tolerance_loss_reason": tol_loss.reason,
+           "loss_err": None, "loss_abs_diff": None, "loss_term_scale": term_scale,
+           "max_rel_err_loss": None, "max_rel_err_grads": None, "worst_grad": None, "ok": False, "error": None}
+    if a is None or b is None:
+        out["error"] = failure or "a framework's case did not complete; nothing to compare"
+        return out
+    if term_scale is None:
+        out["error"] = failure or "the loss's term scale could not be computed; nothing to compare"
+        return out
+    out.update(cross_check(a.loss, b.loss, a.grads if grads_a is None else grads_a,
+                           b.grads if grads_b is None else grads_b, term_scale, dtype))
     return out

@@ -2,12 +2,13 @@
 
 The declaration is the policy's own name sets (:class:`jaxremat.spec.policies.Policy`
 ``kept_names`` / ``offloaded_names``). What each framework really keeps is measured per block
-(:func:`jaxremat.block_memory.block_residuals`, :func:`torchref.block_memory.block_saved`).
-Each framework has one documented reason to differ from the declaration:
+(:meth:`parity.runners.framework.Framework.kept_names`: JAX's saved residuals with their
+``checkpoint_name`` tags, PyTorch's selective-checkpoint cache). Each framework has one documented
+reason to differ from the declaration, its :attr:`parity.runners.framework.FrameworkInfo.not_read_in_block`:
 
 * JAX keeps a tagged value only when the backward pass (with its recompute) reads it. Inside a
   block nothing reads ``mlp_out`` (the block's output is the next segment's boundary), so JAX
-  drops it from any declaration (:data:`NOT_READ_IN_BLOCK`).
+  drops it from any declaration.
 * PyTorch's selective checkpoint caches every op output the policy names, read or not, so it
   keeps the declaration exactly.
 
@@ -16,46 +17,68 @@ Each framework has one documented reason to differ from the declaration:
 
 from __future__ import annotations
 
-# Deferred imports: the per-block measurement loads JAX or PyTorch only for the framework it measures.
-
+from jaxremat.models import get_model
+from jaxremat.spec.plan import RematPlan
 from jaxremat.spec.policies import Policy
-import contextlib
 
-NOT_READ_IN_BLOCK = frozenset({"mlp_out"})
+from parity.runners.framework import FRAMEWORKS, get_framework
+from parity.runners.result import RunResult
+
+NOT_READ_IN_BLOCK = FRAMEWORKS["jax"].not_read_in_block
+"""What JAX's checkpointed GPT block never keeps (``mlp_out``): :attr:`parity.runners.framework.FrameworkInfo.not_read_in_block`."""
 
 
 def expected_names(policy: Policy, framework: str) -> dict[str, list[str]] | None:
     """``{"kept": [...], "offloaded": [...]}`` the framework should keep per block, or None (save_everything)."""
     if policy.save_everything:
         return None
-    drop = NOT_READ_IN_BLOCK if framework == "jax" else frozenset()
+    drop = FRAMEWORKS[framework].not_read_in_block
     return {"kept": sorted(policy.kept_names - drop), "offloaded": sorted(policy.offloaded_names - drop)}
 
 
 def measured_names(framework: str, cfg, batch: int, seq: int, policy: Policy) -> dict:
-    """Per-block names kept and offloaded under ``jax.checkpoint``/selective checkpoint, with shapes.
+    """Per-block names kept and offloaded under ``policy``, with shapes (:meth:`parity.runners.framework.Framework.kept_names`).
 
     Returns:
         ``{"kept": [...], "offloaded": [...], "tensors": [{"name", "shape", "bytes", "memory"}]}``;
         for JAX, every non-argument residual must carry a name (an unnamed one is listed as None).
     """
-    if framework == "jax":
+    return get_framework(framework).kept_names(cfg, batch, seq, policy)
 
-        import jax
 
-        from jaxremat.block_memory import block_residuals
+def check_kept_names(case: dict, framework: str, cfg, batch: int, seq: int, plan: RematPlan, res: RunResult,
+                     ref: RunResult, cache: dict) -> None:
+    """Record in ``case`` what one checkpointed block keeps under the plan's policy and whether it is as declared.
 
-        ctx = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
-        with ctx:
-            recs = block_residuals(cfg, batch, seq, policy)
-        tensors = [{"name": r.name, "shape": list(r.shape), "bytes": r.bytes, "memory": r.memory} for r in recs]
-    else:
-        from torchref.block_memory import block_saved
-
-        rows = block_saved(cfg, batch, seq, policy)
-        tensors = [{"name": r["name"], "shape": list(r["shapes"][0]), "bytes": r["bytes"],
-                    "memory": "host" if r["kind"] == "offloaded" else "device"}
-                   for r in rows if r["kind"] != "saved"]
-    kept = sorted({t["name"] for t in tensors if t["memory"] == "device"}, key=str)
-    off = sorted({t["name"] for t in tensors if t["memory"] == "host"}, key=str)
-    return {"kept": kept, "offloaded": off, "tensors": tensors}
+    ``save_everything`` must keep exactly the bytes of ``none``; every other policy must keep (and
+    offload) the activation names :func:`expected_names` gives. A segment plan whose segments follow
+    several policies is checked policy by policy: ``block_names`` and ``expected_names`` are then
+    lists with one entry per policy (``{"policy": name, ...}``) and ``names_ok`` holds when every
+    entry is as declared; its ``save_everything`` segments are checked by the cost model only (the
+    plan keeps less than ``none`` elsewhere). ``cache`` keeps each (framework, cfg, policy)
+    measurement for the next case.
+    """
+    policies = [p for p in plan.policies if not p.saves_nothing]
+    if not policies:
+        return
+    if not get_model(cfg.arch).block_names_measurable:  # block_memory builds the GPT block only
+        case["expected_names"] = "not measured for this architecture"
+        return
+    if len(plan.policies) == 1 and policies[0].save_everything:
+        case["names_ok"] = res.memory.saved_bytes == ref.memory.saved_bytes
+        case["expected_names"] = "the same saved bytes as none"
+        return
+    checked = []
+    for policy in (p for p in policies if not p.save_everything):
+        key = (framework, cfg, policy)
+        if key not in cache:
+            cache[key] = measured_names(framework, cfg, batch, seq, policy)
+        measured, expected = cache[key], expected_names(policy, framework)
+        ok = measured["kept"] == expected["kept"] and measured["offloaded"] == expected["offloaded"]
+        checked.append((policy.name, measured, expected, ok))
+    if len(plan.policies) == 1:
+        _, case["block_names"], case["expected_names"], case["names_ok"] = checked[0]
+        return
+    case["block_names"] = [{"policy": name, **measured} for name, measured, _, _ in checked]
+    case["expected_names"] = [{"policy": name, **expected} for name, _, expected, _ in checked]
+    case["names_ok"] = all(ok for *_, ok in checked)

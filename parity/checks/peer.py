@@ -6,7 +6,8 @@ With the same weights and the same padded tokens (dropout off, float32 or float6
   ``last_hidden_state``. For a checkpoint directory the peer loads it with its own loader
   (``BertModel.from_pretrained``), so our key mapping is checked too; otherwise the peer is built
   from the config and our weights (:func:`parity.inputs.checkpoints.canonical_to_hf`, strict).
-* ``jax vs torch``: :func:`jaxremat.encoder.encode` against the torch encoder.
+* ``jax vs torch``: :func:`jaxremat.encoder.encode` against the torch encoder (each framework's
+  :meth:`parity.runners.framework.Framework.encoder_hidden_states`).
 
 Errors are relative to the reference's largest magnitude over the real (not padded) positions,
 against the cross-framework tolerance of the dtype (:data:`parity.checks.compare.TOLERANCES`). Hidden
@@ -19,7 +20,7 @@ skipped, never as passed.
 
 from __future__ import annotations
 
-# Deferred imports: PyTorch and transformers load only when a peer check runs (an optional dependency).
+# Deferred imports: PyTorch and transformers load only when the transformers peer runs (an optional dependency).
 
 from pathlib import Path
 from typing import Optional
@@ -28,9 +29,9 @@ import numpy as np
 
 from jaxremat.models import TransformerConfig
 
-from parity.inputs.checkpoints import canonical_to_hf, hf_config_dict
 from parity.checks.compare import tolerance_for
-import contextlib
+from parity.inputs.checkpoints import canonical_to_hf, hf_config_dict
+from parity.runners.framework import FRAMEWORK_NAMES, get_framework, reference_framework
 
 
 def transformers_available() -> bool:
@@ -89,42 +90,33 @@ def _rel(a: np.ndarray, b: np.ndarray, rows: np.ndarray) -> float:
 
 def peer_checks(cfg: TransformerConfig, params: dict, tokens: np.ndarray,
                 checkpoint_dir: Optional[Path] = None) -> list[dict]:
-    """Hidden-state comparisons of one batch: torch vs transformers, jax vs torch.
+    """Hidden-state comparisons of one batch: the reference (PyTorch) vs transformers, every other framework
+    vs the reference (:meth:`parity.runners.framework.Framework.encoder_hidden_states`).
 
     Returns:
         list of dicts with ``check``, ``dtype``, ``max_rel_err`` (float or None), ``tolerance``,
         ``ok`` (True/False, or None when skipped) and ``note``.
     """
-
-    import jax
-    import jax.numpy as jnp
-    import torch
-
-    from jaxremat.encoder import encode
-    from torchref.encoder import Encoder
-
     cfg = cfg.replace(dropout=0.0)
     tol = tolerance_for(cfg.dtype).max_rel_err
-    model = Encoder.from_params(cfg, params).eval()
-    with torch.no_grad():
-        ours = model(torch.from_numpy(np.asarray(tokens, dtype=np.int64))).numpy()
+    ref = reference_framework()
+    ours = get_framework(ref).encoder_hidden_states(cfg, params, tokens)
     real = np.asarray(tokens) != cfg.pad_token_id
     out = []
     if transformers_available():
         peer = hf_bert_hidden(cfg, params, tokens, checkpoint_dir)
         err = _rel(ours, peer, real)
         source = f"BertModel.from_pretrained({checkpoint_dir})" if checkpoint_dir else "BertModel with our weights"
-        out.append({"check": "torch vs transformers", "dtype": cfg.dtype, "max_rel_err": err, "tolerance": tol,
+        out.append({"check": f"{ref} vs transformers", "dtype": cfg.dtype, "max_rel_err": err, "tolerance": tol,
                     "ok": err <= tol, "note": f"last hidden state at real tokens (padded: {_rel(ours, peer, ~real):.1e}); "
                     f"peer: {source}"})
     else:
-        out.append({"check": "torch vs transformers", "dtype": cfg.dtype, "max_rel_err": None, "tolerance": tol,
+        out.append({"check": f"{ref} vs transformers", "dtype": cfg.dtype, "max_rel_err": None, "tolerance": tol,
                     "ok": None, "note": "skipped: transformers is not installed (pip install -e '.[dev]')"})
-    x64 = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
-    with x64:
-        run = jax.jit(lambda p, t: encode(p, t, cfg))
-        mine = np.asarray(run({k: jnp.asarray(v) for k, v in params.items()}, jnp.asarray(tokens, jnp.int32)))
-    err = _rel(mine, ours, real)
-    out.append({"check": "jax vs torch", "dtype": cfg.dtype, "max_rel_err": err, "tolerance": tol, "ok": err <= tol,
-                "note": f"last hidden state at real tokens (padded: {_rel(mine, ours, ~real):.1e}), same weights and tokens"})
+    for fw in (f for f in FRAMEWORK_NAMES if f != ref):
+        mine = get_framework(fw).encoder_hidden_states(cfg, params, tokens)
+        err = _rel(mine, ours, real)
+        out.append({"check": f"{fw} vs {ref}", "dtype": cfg.dtype, "max_rel_err": err, "tolerance": tol,
+                    "ok": err <= tol, "note": f"last hidden state at real tokens (padded: {_rel(mine, ours, ~real):.1e}), "
+                    "same weights and tokens"})
     return out

@@ -21,12 +21,20 @@ from jaxremat.models import get_model
 from parity.runners.result import RunResult
 
 GAP_LIMIT = 0.10
+"""A prediction farther than this fraction of the measurement from it is flagged (reports mark it ``!``)."""
 
 
-def _gap(predicted, measured):
+def gap(predicted: int | None, measured: int | None) -> float | None:
+    """``(predicted - measured) / measured`` (a fraction), or None when either is missing or the measurement is 0."""
     if predicted is None or not measured:
         return None
     return (predicted - measured) / measured
+
+
+def gap_flags(saved_gap: float | None, peak_gap: float | None) -> list[str]:
+    """One line per gap above :data:`GAP_LIMIT`: ``"saved bytes predicted +12% off the measurement"``."""
+    return [f"{what} predicted {g:+.0%} off the measurement" for what, g in
+            (("saved bytes", saved_gap), ("peak activation bytes", peak_gap)) if g is not None and abs(g) > GAP_LIMIT]
 
 
 def measured_peak_activation(res: RunResult) -> int | None:
@@ -39,7 +47,7 @@ def attach_predictions(case: dict, framework: str, cfg, batch: int, seq: int, pl
     """Add predicted/measured saved and peak-activation bytes, their gaps and flags to ``case``."""
     case.update(predicted_saved_bytes=None, saved_gap=None, peak_activation_bytes=None,
                 predicted_peak_activation_bytes=None, peak_gap=None, prediction_flags=[])
-    spec = get_model(getattr(cfg, "arch", "gpt"))
+    spec = get_model(cfg.arch)
     if spec.activation_account is None or cfg.dropout > 0 or not plan.saves_nothing:
         return
     am = spec.load("activation_account")
@@ -49,9 +57,7 @@ def attach_predictions(case: dict, framework: str, cfg, batch: int, seq: int, pl
     except ValueError:  # a configuration the per-layer model does not cover
         return
     measured_peak = measured_peak_activation(res)
-    case.update(predicted_saved_bytes=saved, saved_gap=_gap(saved, res.memory.saved_bytes),
+    case.update(predicted_saved_bytes=saved, saved_gap=gap(saved, res.memory.saved_bytes),
                 peak_activation_bytes=measured_peak, predicted_peak_activation_bytes=peak,
-                peak_gap=_gap(peak, measured_peak))
-    case["prediction_flags"] = [f"{what} predicted {g:+.0%} off the measurement" for what, g in
-                                (("saved bytes", case["saved_gap"]), ("peak activation bytes", case["peak_gap"]))
-                                if g is not None and abs(g) > GAP_LIMIT]
+                peak_gap=gap(peak, measured_peak))
+    case["prediction_flags"] = gap_flags(case["saved_gap"], case["peak_gap"])

@@ -12,14 +12,14 @@ Causes, in the order they are checked:
 
 * the schedule itself predicts no saving at this depth (the chain model's peak of the plan is not
   below ``none``'s: e.g. ``every_k(k)`` with k >= N recomputes the whole stack at once);
-* JAX: the compiled program holds no more matrix products than ``none``'s, so XLA removed the
-  recompute (merged it with the forward pass);
-* PyTorch: at the step's peak no saved activation is live (MemTracker's ``ACT`` category under
-  :data:`NO_LIVE_ACTIVATION` of ``none``'s saved bytes) in the plan's step nor in ``none``'s: the
-  peak is set after the blocks' backward (by a temporary such as the dense gradient of a large
-  embedding), so the activations remat removes never reach it;
-* otherwise the recompute is in the program, but the scheduler or allocator kept buffers live as
-  long as without remat.
+* the framework's own (:meth:`parity.runners.framework.Framework.no_saving_cause`): JAX, the
+  compiled program holds no more matrix products than ``none``'s, so XLA removed the recompute
+  (merged it with the forward pass); PyTorch, at the step's peak no saved activation is live
+  (MemTracker's ``ACT`` category under :data:`parity.runners.torch_framework.NO_LIVE_ACTIVATION` of
+  ``none``'s saved bytes) in the plan's step nor in ``none``'s: the peak is set after the blocks'
+  backward (by a temporary such as the dense gradient of a large embedding), so the activations
+  remat removes never reach it; otherwise the recompute is in the program, but the scheduler or
+  allocator kept buffers live as long as without remat.
 """
 
 from __future__ import annotations
@@ -28,13 +28,11 @@ from jaxremat.models.gpt import activation as am
 from jaxremat.spec import parse_schedule
 
 from parity.checks.predictions import measured_peak_activation
+from parity.runners.framework import get_framework
 from parity.runners.result import RunResult
 
 MIN_PROMISED = 0.01
 """A plan promises a saving when its saved residual bytes are at least this fraction below ``none``'s."""
-
-NO_LIVE_ACTIVATION = 0.01
-"""A PyTorch peak with MemTracker ``ACT`` bytes below this fraction of ``none``'s saved bytes holds no activation."""
 
 STATUS = "no_saving"
 """The status of a case whose plan promises a saving that its measured peak does not realize."""
@@ -51,27 +49,12 @@ def _predicted_ratio(framework: str, cfg, batch: int, seq: int, plan) -> float |
     return pred / ref if ref else None
 
 
-def _cause(framework: str, res: RunResult, ref: RunResult, predicted_ratio: float | None, n_layer: int, name: str) -> str:
+def _cause(framework: str, res: RunResult, ref: RunResult, predicted_ratio: float | None, n_layer: int,
+           batch: int, seq: int) -> str:
     if predicted_ratio is not None and predicted_ratio >= 1.0:
         return (f"the schedule predicts no saving at N={n_layer}: its largest recomputed segment is as large as "
                 f"the stack (chain-model peak {predicted_ratio:.2f} x none's); use more, shorter segments")
-    dots, dots_ref = res.dots_compiled, ref.dots_compiled
-    if framework == "jax" and dots is not None and dots_ref is not None and dots <= dots_ref:
-        return (f"XLA removed the recompute: the compiled program has {dots} matrix products, as many as "
-                f"without remat ({dots_ref}); run the stack through jaxremat.render.remat_scan")
-    if framework == "torch":
-        lines = [(r.memory.peak_breakdown or {}) if r.memory is not None else {} for r in (res, ref)]
-        saved_ref = ref.memory.saved_bytes if ref.memory is not None else None
-        if saved_ref and all("ACT" in b for b in lines) and \
-                max(int(b["ACT"]) for b in lines) < NO_LIVE_ACTIVATION * saved_ref:
-            b = lines[0]
-            return (f"the step's peak lies after the blocks' backward, where no saved activation is live (MemTracker "
-                    f"at the peak: ACT {int(b['ACT'])} B, TEMP {int(b.get('TEMP', 0)) / 2**20:.1f} MiB, e.g. a dense "
-                    f"embedding gradient; none's {saved_ref / 2**20:.1f} MiB of saved activations are freed by then, in its step "
-                    f"as in this one): remat cannot lower this step's peak at this batch and length")
-    what = ("XLA scheduled the recompute's buffers to be live as long as without remat"
-            if framework == "jax" else "the allocator's peak did not drop (activations kept by something else)")
-    return f"the recompute is in the program, but {what}"
+    return get_framework(framework).no_saving_cause(res, ref, batch, seq)
 
 
 def attach_saving(case: dict, framework: str, cfg, batch: int, seq: int, plan, res: RunResult, ref: RunResult) -> None:
@@ -99,7 +82,7 @@ def attach_saving(case: dict, framework: str, cfg, batch: int, seq: int, plan, r
     realized = None if not promised or ratio is None else ratio < 1.0
     cause = None
     if realized is False:
-        cause = _cause(framework, res, ref, predicted, cfg.n_layer, case.get("schedule", ""))
+        cause = _cause(framework, res, ref, predicted, cfg.n_layer, batch, seq)
         if case.get("status") == "pass":
             case["status"] = STATUS
     case["saving"] = {"promised": promised, "saved_ratio": saved / saved_ref if saved_ref else None,

@@ -22,8 +22,6 @@ refuses what cannot fit, never what might.
 
 from __future__ import annotations
 
-# Deferred imports: JAX loads only when a device's memory is read, so --help and bad input answer without it.
-
 import math
 
 import numpy as np
@@ -32,19 +30,12 @@ from jaxremat.spec import parse_schedule
 from jaxremat.models import TransformerConfig, param_shapes
 
 from parity.report.environment import available_memory_bytes
+from parity.report.format import fmt_bytes
+from parity.runners.framework import FRAMEWORKS, get_framework
 from jaxremat.models.gpt import activation as am
 
 HEADROOM = 0.9
 """Fraction of the available memory a run may plan to use."""
-
-
-def fmt_bytes(n: float) -> str:
-    """``n`` bytes for a message: ``1.5 GiB``, ``3.2 TiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def parameter_count(cfg: TransformerConfig) -> int:
@@ -111,30 +102,22 @@ def check_fits(needed: int, account: str, what: str, available: int | None = Non
                      f"available ({account}); use a smaller configuration")
 
 
-def device_memory_bytes() -> int | None:
-    """JAX's device memory limit in bytes on a GPU (``memory_stats()['bytes_limit']``), else None."""
-    import jax
-
-    if jax.default_backend() != "gpu":
-        return None
-    stats = jax.devices()[0].memory_stats() or {}
-    return stats.get("bytes_limit")
-
-
-def check_device_fits(cfg: TransformerConfig, batch: int, seq: int, dtypes) -> None:
-    """On a GPU: refuse a JAX run whose one-case state and activations exceed device memory.
+def check_device_fits(cfg: TransformerConfig, batch: int, seq: int, dtypes, frameworks) -> None:
+    """On a GPU: refuse a run whose one-case state and activations exceed a framework's device memory
+    (:meth:`parity.runners.framework.Framework.device_memory_bytes`; None where it computes on the CPU).
 
     Raises:
         ValueError: it does not fit (the message gives the estimate and the device's limit).
     """
-    limit = device_memory_bytes()
-    if limit is None:
-        return
-    for dtype in dtypes:
-        c = cfg.replace(dtype=dtype)
-        p = parameter_count(c) * np.dtype(dtype).itemsize
-        need = 4 * p + activation_bytes("jax", c, batch, seq)
-        if need > HEADROOM * limit:
-            raise ValueError(f"JAX on the GPU needs an estimated {fmt_bytes(need)} per case in {dtype} (parameters, "
-                             f"gradients, AdamW state, activations) but the device holds {fmt_bytes(limit)}; use a "
-                             "smaller configuration or --frameworks torch")
+    for fw in frameworks:
+        limit = get_framework(fw).device_memory_bytes()
+        if limit is None:
+            continue
+        for dtype in dtypes:
+            c = cfg.replace(dtype=dtype)
+            p = parameter_count(c) * np.dtype(dtype).itemsize
+            need = 4 * p + activation_bytes(fw, c, batch, seq)
+            if need > HEADROOM * limit:
+                raise ValueError(f"{FRAMEWORKS[fw].label} on the GPU needs an estimated {fmt_bytes(need)} per case in "
+                                 f"{dtype} (parameters, gradients, AdamW state, activations) but the device holds "
+                                 f"{fmt_bytes(limit)}; use a smaller configuration or run --frameworks without {fw}")

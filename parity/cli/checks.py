@@ -7,8 +7,6 @@ what is wrong and how to fix it; the commands print it and exit 2.
 
 from __future__ import annotations
 
-# Deferred imports: JAX loads only to check its platform, so --help and bad input answer without it.
-
 import os
 import re
 import signal
@@ -17,12 +15,16 @@ from pathlib import Path
 
 from rich.text import Text
 
+from typing import Callable, TypeVar
+
 from parity.cli.util import split_list
+from parity.runners.framework import FRAMEWORK_NAMES, check_frameworks, get_framework
 from parity.report.files import OutDirBusy, OutDirLock, WriteError
 from parity.checks.verdict import report_passed
-from parity.report.suite_report import OutputDirError, prepare_out_dir, print_tables, write_report
+from parity.report.suite_report import OutputDirError, prepare_out_dir, print_tables, writable_dir, write_report
 
 EXIT_INTERRUPTED = 130
+T = TypeVar("T")
 
 
 def error(console, message: str) -> None:
@@ -89,23 +91,44 @@ def plain_ints(option: str, text: str) -> tuple[int, ...]:
     return tuple(int(i) for i in items)
 
 
-def check_jax_platform() -> str:
-    """Start JAX's backend now; return its platform name.
+def parsed_items(option: str, text: str, parse: Callable[[str], T]) -> tuple[T, ...]:
+    """The items of a comma-separated option, each parsed once by ``parse`` (objects with a ``name``), each given once.
 
     Raises:
-        ValueError: the backend cannot start (e.g. ``JAX_PLATFORMS=cuda`` on a machine without a
-            GPU, which JAX reports as an empty AssertionError); the message names the setting.
+        ValueError: an empty list or item, unbalanced parentheses, an item ``parse`` refuses (its
+            message), or two items with one canonical ``name`` (``every_k(2)`` and ``every_k( 2 )``).
     """
-    import jax
+    items = split_list(text)
+    if not items:
+        raise ValueError(f"{option} is empty; give at least one value")
+    parsed = [parse(i) for i in items]
+    names = [p.name for p in parsed]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            first = items[names.index(name)]
+            same = f"'{items[i]}' is '{first}'" if items[i] != first else f"'{name}'"
+            raise ValueError(f"{option}: {same} listed twice; list each once")
+    return tuple(parsed)
 
-    try:
-        return jax.devices()[0].platform
-    except Exception as exc:  # RuntimeError, or a bare AssertionError for a missing plugin
-        setting = os.environ.get("JAX_PLATFORMS")
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "no such platform on this machine"
-        where = f"JAX_PLATFORMS={setting!r}" if setting else "the default platform"
-        raise ValueError(f"JAX cannot start on {where}: {reason}; unset JAX_PLATFORMS (or set it to cpu), "
-                         "or run --frameworks torch") from None
+
+def frameworks_option(text: str, option: str = "--frameworks") -> tuple[str, ...]:
+    """``--frameworks``: names of :data:`parity.runners.framework.FRAMEWORKS`, each once, in report order.
+
+    Raises:
+        ValueError: an empty list or item, a name given twice, or an unknown framework (the valid ones named).
+    """
+    names = check_frameworks(option, unique_items(option, text))
+    return tuple(f for f in FRAMEWORK_NAMES if f in names)
+
+
+def check_platforms(frameworks) -> None:
+    """Start each framework's backend now (:meth:`parity.runners.framework.Framework.check_platform`).
+
+    Raises:
+        ValueError: a backend cannot start (e.g. ``JAX_PLATFORMS=cuda`` without a GPU); the message names the setting.
+    """
+    for fw in frameworks:
+        get_framework(fw).check_platform()
 
 
 def claim_out_dir(out: Path, overwrite: bool, files: tuple[str, ...]) -> tuple[OutDirLock, str | None]:
@@ -115,12 +138,7 @@ def claim_out_dir(out: Path, overwrite: bool, files: tuple[str, ...]) -> tuple[O
         OutputDirError: ``out`` is not a directory, cannot be written, is locked by another run
             (the message names its PID), or the previous report cannot be kept.
     """
-    try:
-        if out.exists() and not out.is_dir():
-            raise OutputDirError(f"output path {out} exists and is not a directory; pass another --out")
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputDirError(f"cannot write to output directory {out}: {exc.strerror or exc}; pass a writable --out") from None
+    writable_dir(out)
     try:
         lock = OutDirLock(out)
     except (OutDirBusy, WriteError) as exc:

@@ -15,10 +15,12 @@ import time
 from parity.cli import checks as cc
 from parity.distributed.jax_worker import (DEFAULT_MESHES, DEFAULT_PLANS, MAX_DEVICES, check_devices, check_meshes,
                                           check_plans, check_processes, distributed_preset)
-from parity.distributed.suite import WorkerError, run_distributed
+from parity.distributed.launch import WorkerError
+from parity.distributed.suite import run_distributed
+from parity.cli.command import checked, claimed, fail
 from parity.report.environment import environment_info
-from parity.report.files import WriteError
-from parity.report.suite_report import REPORT_FILES, OutputDirError
+from parity.report.suite_report import REPORT_FILES
+from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS
 
 DEFAULT_DEVICES = 4
 
@@ -72,40 +74,29 @@ def _options(args):
     canonical = [ms.text for ms in specs]
     # a bad plan is bad input (exit 2), found before any worker starts
     plans = check_plans(DEFAULT_PLANS if args.schedules is None else args.schedules, cfg.n_layer)
-    frameworks = tuple(cc.unique_items("--frameworks", args.frameworks))
-    bad = [f for f in frameworks if f not in ("jax", "torch")]
-    if bad:
-        raise ValueError(f"--frameworks: unknown framework {bad[0]!r}; valid: jax, torch")
-    if processes > 1 and "jax" not in frameworks:
-        raise ValueError("--processes spreads the JAX meshes over processes; add jax to --frameworks or drop --processes")
+    frameworks = cc.frameworks_option(args.frameworks)
+    if processes > 1 and not any(FRAMEWORKS[f].multi_process_meshes for f in frameworks):
+        spread = ",".join(f for f in FRAMEWORK_NAMES if FRAMEWORKS[f].multi_process_meshes)
+        raise ValueError(f"--processes spreads the {spread} meshes over processes; add {spread} to --frameworks or "
+                         "drop --processes")
     return preset, devices, tuple(canonical), plans, frameworks, processes
 
 
 def cmd_distributed(args, console) -> int:
     """Run the distributed suite and write report.json / report.md into ``--out``."""
-    try:
-        preset, devices, meshes, plans, frameworks, processes = _options(args)
-        # the previous run's gradient files (named in its report.json) are kept with its report
-        lock, kept = cc.claim_out_dir(args.out, args.overwrite, (*REPORT_FILES, "distributed/"))
-    except (ValueError, OutputDirError) as exc:
-        cc.error(console, exc)
-        return 2
-    previous = cc.install_interrupt_handler(lock)
-    try:
-        if kept:
-            cc.note(console, kept)
+    preset, devices, meshes, plans, frameworks, processes = checked(console, _options, args)
+    # the previous run's gradient files (named in its report.json) are kept with its report
+    with claimed(console, args.out, args.overwrite, (*REPORT_FILES, "distributed/")) as claim:
         t0 = time.perf_counter()
         try:
             report = run_distributed(preset, args.out, devices=devices, meshes=meshes, plans=plans,
                                      frameworks=frameworks, seed=args.seed, processes=processes,
                                      hparams=preset.hparams, note=lambda m: cc.note(console, m))
         except KeyboardInterrupt:  # the workers die with this process (PR_SET_PDEATHSIG)
-            cc.note(console, f"interrupted: no report was written (the suite writes it at the end); "
-                    f"{args.out / 'distributed'} holds the workers' partial files")
-            cc.exit_interrupted(lock)
+            claim.interrupted(f"interrupted: no report was written (the suite writes it at the end); "
+                              f"{args.out / 'distributed'} holds the workers' partial files")
         except ValueError as exc:
-            cc.error(console, exc)
-            return 2
+            fail(console, exc)
         except WorkerError as exc:
             cc.error(console, exc)
             return 1
@@ -113,9 +104,3 @@ def cmd_distributed(args, console) -> int:
         report["complete"] = True
         report["environment"] = environment_info(frameworks)
         return cc.finish_report(console, report, args.out, "the report's mesh tables")
-    except WriteError as exc:
-        cc.error(console, f"{exc}; make room and run again")
-        return 2
-    finally:
-        cc.restore_interrupt_handler(previous)
-        lock.release()

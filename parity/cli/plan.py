@@ -2,13 +2,14 @@
 
 For each budget (``--budget 50%``: of ``none``'s measured peak activation bytes in each
 framework; or bytes, ``--budget 12MiB``) the suite runs three cases per framework -- ``none``,
-``plan(BUDGET)`` (the planner) and ``best_uniform(BUDGET)`` (the uniform plan of least recompute
+``budget(BUDGET)`` (the planner) and ``best_uniform(BUDGET)`` (the uniform plan of least recompute
 that fits) -- through the one case loop (:mod:`parity.cases.budget_plan`), JAX under ``jit`` and
 PyTorch eager: gradients and trained weights checked byte for byte against ``none``, saved and
 peak activation bytes measured beside the prediction. ``--frontier`` sweeps budgets (10%..100%
 by default) and adds PyTorch's compiler-assisted remat, ``torch.compile`` with
 ``torch._functorch.config.activation_memory_budget`` at the same fractions
-(:mod:`torchref.compiled`), then writes ``frontier.png`` (recompute against measured peak activation).
+(:mod:`torchref.compiled`; :meth:`parity.runners.framework.Framework.compiler_budget_points`), then writes
+``frontier.png`` (recompute against measured peak activation).
 
 Writes ``plan.json`` (the suite report plus ``plan_rows``, one row per framework and budget, and
 ``compiled`` points), ``plan.md``, ``report.html`` (:mod:`parity.report.html`), and with ``--frontier`` ``frontier.png``. Exit codes: 0 every
@@ -18,33 +19,41 @@ case passed (bitwise, within its budget), 1 a check failed, a case errored or we
 
 from __future__ import annotations
 
-# Deferred imports: the suite, torch.compile and matplotlib load only once the options are valid, so --help and
-# bad input answer fast.
+# Deferred imports: matplotlib (the frontier plot) loads once the plans have run, so --help and bad input
+# answer fast.
 
 import dataclasses
 import re
 
-from jaxremat.models import get_model
-from jaxremat.spec.planner import parse_budget
-
-from parity.checks.verdict import report_passed
-from parity.cli import checks as cc
-from parity.cli.checks import check_jax_platform, out_path, unique_items
-from parity.cli.util import ascii_int
-from parity.inputs.presets import PRESETS, get_preset
-from parity.inputs.pretrained import preset_inputs
-from parity.report.environment import environment_info
-from parity.report.files import WriteError, atomic_write, json_text
-from parity.report.html import HTML_NAME, write_html
-from parity.report.suite_report import OutputDirError
-from parity.report.suite_report import markdown as suite_markdown
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from jaxremat.models import get_model
+from jaxremat.spec.planner import parse_budget
+
+from parity.cases.suite import SuiteConfig, run_suite
+from parity.checks.verdict import report_passed
+from parity.cli import checks as cc
+from parity.cli.checks import out_path, unique_items
+from parity.cli.command import checked, claimed, make_console
+from parity.cli.util import ascii_int
+from parity.inputs.presets import PRESETS, get_preset
+from parity.inputs.pretrained import preset_inputs
+from parity.report.environment import environment_info
+from parity.report.files import atomic_write, json_text
+from parity.report.format import fmt_bit, fmt_bytes, fmt_ratio, md_table
+from parity.report.html import HTML_NAME, write_html
+from parity.report.suite_report import markdown as suite_markdown
+from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, get_framework
+
 PLAN_FILES = ("plan.json", "plan.md", "frontier.png", HTML_NAME)
+KINDS = ("budget", "best_uniform")
+"""The two cases of each budget: the planner's plan, the best uniform plan (:mod:`parity.cases.budget_plan`)."""
 DEFAULT_FRONTIER = tuple(f"{p}%" for p in range(10, 101, 10))
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+"""plan.json schema: 2 names the planner's cases ``budget(50%)`` (1: ``plan(50%)``), reads the plan of a case
+from ``plan`` (report.json schema 6) and names each ``compiled`` point's ``framework``."""
 
 
 def add_parser(sub) -> None:
@@ -63,7 +72,8 @@ def add_parser(sub) -> None:
                    "aot_eager_decomp_partition (the same partitioner, seconds)")
     p.add_argument("--model", default="gpt-small",
                    help="model preset: " + ", ".join(PRESETS) + " (budget plans run dropout 0; --frontier: a GPT one)")
-    p.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
+    p.add_argument("--frameworks", default=",".join(FRAMEWORK_NAMES),
+                   help=f"comma-separated subset of {','.join(FRAMEWORK_NAMES)} (default: all)")
     p.add_argument("--repeats", type=ascii_int, default=None,
                    help="timed training steps per case, median reported (default: the model's, else 5)")
     p.add_argument("--out", default="plan-report",
@@ -75,19 +85,11 @@ def add_parser(sub) -> None:
 
 def plan_suite_from_args(args):
     """The suite of a ``plan`` command (:class:`parity.cases.suite.SuiteConfig`); raises ValueError."""
-    from parity.cases.suite import SuiteConfig
-
     args.out = out_path("--out", args.out)
     budgets = unique_items("--budget", args.budget, canonical=lambda s: parse_budget(s).text)
-    bare = [b for b in budgets if re.fullmatch(r"\s*[0-9]+(\.[0-9]+)?\s*", b)]
-    if bare:  # plan(4096) is the segment plan of one 4096-block segment: a byte budget needs its unit
-        raise ValueError(f"--budget {bare[0]}: give a unit ({bare[0].strip()}B, 12MiB) or a percentage (50%)")
     if args.frontier and args.budget == "50%":
         budgets = DEFAULT_FRONTIER
-    frameworks = unique_items("--frameworks", args.frameworks)
-    bad = [f for f in frameworks if f not in ("jax", "torch")]
-    if bad:
-        raise ValueError(f"--frameworks: unknown framework {bad[0]!r}; valid: jax, torch")
+    frameworks = cc.frameworks_option(args.frameworks)
     if args.inductor and not args.frontier:
         raise ValueError("--inductor chooses the backend of the --frontier's torch.compile points; add --frontier")
     if args.frontier and any(parse_budget(b).fraction is None for b in budgets):
@@ -106,24 +108,23 @@ def plan_suite_from_args(args):
     preset = dataclasses.replace(preset, dropouts=None, eager_dropouts=None, config=preset.config.replace(dropout=0.0))
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    schedules = tuple(f"{kind}({b})" for b in budgets for kind in ("plan", "best_uniform"))
-    suite = SuiteConfig(name="plan", preset=preset, schedules=schedules, frameworks=frameworks,
+    plans = tuple(f"{kind}({b})" for b in budgets for kind in KINDS)
+    suite = SuiteConfig(name="plan", preset=preset, plans=plans, frameworks=frameworks,
                         timing_repeats=args.repeats or preset.repeats or 5,
-                        modes=(("jax", "jit"), ("torch", "eager")),
+                        modes=tuple((f, FRAMEWORKS[f].measured_mode) for f in frameworks),
                         **({"hparams": preset.hparams} if preset.hparams is not None else {}))
-    suite.schedule_objects()
-    if "jax" in frameworks:
-        check_jax_platform()
+    suite.plan_list()
+    cc.check_platforms(frameworks)
     return suite, budgets
 
 
 def plan_rows(report: dict, budgets) -> list[dict]:
     """One row per framework and budget: the planner's case beside the best uniform plan's."""
-    by = {(c["framework"], c["schedule"]): c for c in report["cases"]}
+    by = {(c["framework"], c["plan"]): c for c in report["cases"]}
     rows = []
     for fw in dict.fromkeys(c["framework"] for c in report["cases"]):
         for b in budgets:
-            p, u = by.get((fw, f"plan({b})")), by.get((fw, f"best_uniform({b})"))
+            p, u = (by.get((fw, f"{kind}({b})")) for kind in KINDS)
             if p is None:
                 continue
             row = {"framework": fw, "budget": b, "budget_bytes": p.get("budget_bytes")}
@@ -158,9 +159,9 @@ def plan_passed(report: dict, frontier: bool) -> bool:
     asked for by itself, ``--budget 10%``, that nothing fits is a failure)."""
     if not frontier:
         return report_passed(report)
-    skip = {c["schedule"] for c in report["cases"] if no_fit(c)}
-    kept = {**report, "cases": [c for c in report["cases"] if c["schedule"] not in skip],
-            "cross_framework": [x for x in report["cross_framework"] if x["schedule"] not in skip]}
+    skip = {c["plan"] for c in report["cases"] if no_fit(c)}
+    kept = {**report, "cases": [c for c in report["cases"] if c["plan"] not in skip],
+            "cross_framework": [x for x in report["cross_framework"] if x["plan"] not in skip]}
     return report_passed(kept)
 
 
@@ -168,20 +169,12 @@ def _short_error(error) -> str:
     """A budget no plan fits, in a few words (the case's error has the whole sentence)."""
     m = re.search(r"about (\d+) bytes, (\d+)% of none's", error or "")
     if error and error.startswith(NO_FIT) and m:
-        return f"no plan fits: the least is about {_mib(int(m.group(1)))} ({m.group(2)}% of none's)"
+        return f"no plan fits: the least is about {fmt_bytes(int(m.group(1)))} ({m.group(2)}% of none's)"
     return error or "-"
 
 
-def _mib(n) -> str:
-    return "-" if n is None else f"{n / 2**20:.2f} MiB"
-
-
-def _gflop(n) -> str:
+def _mflop(n) -> str:
     return "-" if n is None else f"{n / 1e6:.1f} M"
-
-
-def _ratio(x) -> str:
-    return "-" if x is None else f"{x:.2f}"
 
 
 COLUMNS = ("framework", "budget", "budget bytes", "who", "plan", "status", "grads bitwise", "peak act pred",
@@ -195,41 +188,53 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
             c = r[who]
             if c is None:
                 continue
-            out.append([r["framework"], r["budget"], _mib(r["budget_bytes"]), who, c["plan"] or _short_error(c["error"]),
-                        c["status"], {True: "yes", False: "NO", None: "-"}[c["grads_bitwise_equal"]],
-                        _mib(c["predicted_peak_activation_bytes"]), _mib(c["peak_activation_bytes"]),
-                        {True: "yes", False: "NO", None: "-"}[c["within_budget"]], _gflop(c["recompute_flops"]),
-                        _ratio(c["time_overhead"]), str(c["attempts"])])
+            out.append([r["framework"], r["budget"], fmt_bytes(r["budget_bytes"]), who,
+                        c["plan"] or _short_error(c["error"]), c["status"], fmt_bit(c["grads_bitwise_equal"]),
+                        fmt_bytes(c["predicted_peak_activation_bytes"]), fmt_bytes(c["peak_activation_bytes"]),
+                        fmt_bit(c["within_budget"]), _mflop(c["recompute_flops"]), fmt_ratio(c["time_overhead"]),
+                        str(c["attempts"])])
     return out
 
 
+def _grads(check: dict | None) -> str:
+    """A gradient check against eager none: bitwise, ok (within its bound), WRONG, or - (not run)."""
+    if not check or check.get("grads_ok") is None:
+        return "-"
+    if check.get("grads_bitwise_equal"):
+        return "bitwise"
+    return f"ok (<= {check['grads_rel_bound']:g})" if check["grads_ok"] else "WRONG"
+
+
 def compiled_rows(points: list[dict]) -> list[list[str]]:
-    return [[f"{p['activation_memory_budget']:g}", p.get("backend", "-"), _mib(p.get("saved_bytes")), _mib(p.get("peak_activation_bytes")),
-             _gflop(p.get("recompute_flops")), _ratio(p.get("time_overhead")),
-             {True: "yes", False: "no", None: "-"}[p.get("grads_bitwise_equal")],
-             "-" if p.get("max_rel_err") is None else f"{p['max_rel_err']:.1e}", p.get("error") or ""]
+    return [[f"{p['activation_memory_budget']:g}", p.get("backend", "-"), fmt_bytes(p.get("saved_bytes")),
+             fmt_bytes(p.get("peak_activation_bytes")), _mflop(p.get("recompute_flops")), fmt_ratio(p.get("time_overhead")),
+             _grads(p), "-" if p.get("max_rel_err") is None else f"{p['max_rel_err']:.1e}",
+             _grads(p.get("random_op_check")) + (f" (dropout {p['random_op_check']['dropout']:g})"
+                                                 if p.get("random_op_check") else ""), p.get("error") or ""]
             for p in points]
 
 
 COMPILED_COLUMNS = ("activation_memory_budget", "backend", "saved", "peak act", "recompute FLOPs", "time/none",
-                    "grads bitwise vs eager none", "max rel err", "error")
+                    "grads vs eager none", "max rel err", "grads with random ops", "error")
 
 
 def markdown(report: dict) -> str:
-    def md(cols, rows):
-        return "\n".join(["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|",
-                          *("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |" for r in rows)])
-
+    """plan.md: the plan rows, the torch.compile points, the frontier plot, then the suite report of every case."""
     parts = [f"# Remat plans for a memory budget: {report['model']}", "",
              "Each budget is a percentage of `none`'s measured peak activation bytes in the same framework (or "
              "bytes). `planner`: the least-recompute plan of the planner's space predicted to fit, run and measured "
              "(re-planned with the target lowered by the overshoot when the measurement exceeds the budget: "
              "`tries`); `uniform`: the uniform plan of least recompute predicted to fit, measured the same way. "
              "Recompute FLOPs are the menu's (XLA's cost analysis in JAX, FlopCounterMode in PyTorch).", "",
-             md(COLUMNS, table_rows(report["plan_rows"]))]
+             md_table(COLUMNS, table_rows(report["plan_rows"]))]
     if report.get("compiled"):
         parts += ["", "## torch.compile with activation_memory_budget (PyTorch's own compiler-assisted remat)", "",
-                  md(COMPILED_COLUMNS, compiled_rows(report["compiled"]))]
+                  "Random ops are never recomputed (`torchref.compiled_random`: below 1.0 torch's own partition "
+                  "redraws dropout masks in the backward). Each point's loss and gradients are checked against eager "
+                  "`none`, on the model and on it with dropout (bitwise, or within the bound of "
+                  "`torchref.compiled_random.GRADS_REL_BOUND`); a point that fails says why under error and is not "
+                  "plotted as an option.", "",
+                  md_table(COMPILED_COLUMNS, compiled_rows(report["compiled"]))]
     if report.get("frontier_plot"):
         parts += ["", f"![frontier]({report['frontier_plot']})"]
     parts += ["", "## Every case", "", suite_markdown(report)]
@@ -253,53 +258,31 @@ def print_summary(report: dict, console: Console) -> None:
 
 
 def _compiled_points(suite, budgets, backend: str, console, progress: bool) -> list[dict]:
-    from torchref.compiled import measure_compiled
-
+    """Each framework's compiler-assisted remat at the budgets' fractions
+    (:meth:`parity.runners.framework.Framework.compiler_budget_points`; PyTorch's ``torch.compile`` with
+    ``activation_memory_budget``), measured like the eager plans; a point that fails is recorded."""
     cfg, params, tokens = preset_inputs(suite.preset, "float32", suite.seed)
+    fractions = {b: parse_budget(b).fraction for b in budgets}
     points = []
-    for b in budgets:
-        frac = parse_budget(b).fraction
-        if progress:
-            cc.note(console, f"torch.compile {backend} activation_memory_budget={frac:g}")
-        try:
-            r = dataclasses.asdict(measure_compiled(cfg, params, tokens, frac, backend=backend,
-                                                    repeats=suite.timing_repeats))
-            # against eager none timed in the same call (same process state, same threads)
-            r["time_overhead"] = (r["step_time_s"] / r["eager_step_time_s"]
-                                  if r.get("eager_step_time_s") and r.get("step_time_s") else None)
-            points.append({**r, "budget": b, "activation_memory_budget": frac, "error": None})
-        except Exception as exc:  # recorded, and the other budgets still run
-            points.append({"budget": b, "activation_memory_budget": frac, "backend": backend,
-                           "error": f"{type(exc).__name__}: {exc}"})
+    for fw in suite.frameworks:
+        for b, frac in fractions.items():
+            if progress:
+                cc.note(console, f"{fw} compiler remat, {backend}: memory budget {frac:g}")
+            points += [{**p, "framework": fw, "budget": b} for p in
+                       get_framework(fw).compiler_budget_points(cfg, params, tokens, (frac,), backend=backend,
+                                                                repeats=suite.timing_repeats)]
     return points
 
 
 def cmd_plan(args) -> int:
     """Run the plan command; returns the exit code."""
-    console = Console(stderr=True, soft_wrap=True, highlight=False)
-    try:
-        suite, budgets = plan_suite_from_args(args)
-        lock, kept = cc.claim_out_dir(args.out, args.overwrite, PLAN_FILES)
-    except (ValueError, OutputDirError) as exc:
-        cc.error(console, exc)
-        return 2
-    previous = cc.install_interrupt_handler(lock)
-    try:
-        return _plan_locked(args, suite, budgets, console, kept, lock, environment_info(suite.frameworks))
-    except WriteError as exc:
-        cc.error(console, f"{exc}; the files already in {args.out} (if any) are kept whole; make room and run again")
-        return 2
-    finally:
-        cc.restore_interrupt_handler(previous)
-        lock.release()
+    console = make_console()
+    suite, budgets = checked(console, plan_suite_from_args, args)
+    with claimed(console, args.out, args.overwrite, PLAN_FILES) as claim:
+        return _plan(args, suite, budgets, console, claim, environment_info(suite.frameworks))
 
 
-def _plan_locked(args, suite, budgets, console, kept, lock, env) -> int:
-    from parity.cases.suite import run_suite
-
-    if kept:
-        cc.note(console, kept)
-
+def _plan(args, suite, budgets, console, claim, env) -> int:
     def partial(rep: dict) -> None:
         atomic_write(args.out / "plan.json", json_text({**rep, "schema": PLAN_SCHEMA_VERSION, "suite_schema": rep["schema"],
                                                         "complete": False, "environment": env}))
@@ -312,12 +295,11 @@ def _plan_locked(args, suite, budgets, console, kept, lock, env) -> int:
         report = run_suite(suite, on_start=on_start, on_partial=partial)
         report["plan_rows"] = plan_rows(report, budgets)
         report["compiled"] = []
-        if args.frontier and "torch" in suite.frameworks:
+        if args.frontier:
             report["compiled"] = _compiled_points(suite, budgets, "inductor" if args.inductor else
                                                   "aot_eager_decomp_partition", console, not args.no_progress)
     except KeyboardInterrupt:
-        cc.note(console, f"interrupted: {args.out / 'plan.json'} holds the finished cases (complete: false)")
-        cc.exit_interrupted(lock)
+        claim.interrupted(f"interrupted: {args.out / 'plan.json'} holds the finished cases (complete: false)")
     report.update(schema=PLAN_SCHEMA_VERSION, suite_schema=report["schema"], complete=True, environment=env,
                   budgets=list(budgets))
     if args.frontier:

@@ -8,37 +8,35 @@ cases are in the report). Every message is one line of plain text; docs/cli.md l
 
 from __future__ import annotations
 
-# Deferred imports: the suite (which loads JAX and PyTorch) loads only once the options are valid, so --help
-# and bad input answer in well under a second.
-
 import argparse
-import sys
 from pathlib import Path
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jaxremat.models import SUPPORTED_DTYPES, get_model, registered_models
 from jaxremat.spec import DEFAULT_SCHEDULES, SCHEDULE_NAMES
 from jaxremat.spec.policies import POLICY_NAMES
 
-from parity.cli.util import OneLineParser, ascii_int, split_list
-from parity.inputs.presets import PRESETS, get_preset
 from parity.cases.budget_plan import parse_case_plan
-from parity.cases.loop import FRAMEWORK_MODES
+from parity.cases.suite import SUITE_PLANS, SuiteConfig, count_cases, run_suite
 from parity.cli import checks as cc
 from parity.cli.budget import check_device_fits, check_fits, run_estimate
-from parity.cli.checks import check_jax_platform
 from parity.cli.checks import out_path, unique_items
+from parity.cli.command import CommandExit, checked, claimed, fail, make_console
+from parity.cli.distributed import cmd_distributed
+from parity.cli.finetune import add_parser as add_finetune_parser
+from parity.cli.finetune import cmd_finetune
 from parity.cli.plan import add_parser as add_plan_parser
 from parity.cli.plan import cmd_plan
 from parity.cli.sweep import add_parser as add_sweep_parser
 from parity.cli.sweep import cmd_sweep
+from parity.cli.util import OneLineParser, ascii_int, split_list
 from parity.inputs.checkpoints import check_weights_file
+from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.pretrained import checkpoint_preset
 from parity.report.environment import environment_info
-from parity.report.files import WriteError
-from parity.report.suite_report import REPORT_FILES, OutputDirError
-from parity.report.suite_report import write_report
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from parity.report.suite_report import REPORT_FILES, write_report
+from parity.runners.framework import FRAMEWORK_NAMES, framework_modes
 
 DEFAULT_MODEL = "gpt-small"
 
@@ -84,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "pairs; GPT-2: next-token training on the bundled corpus)")
     run.add_argument("--dtype", default="float32",
                      help=f"comma-separated dtypes among {', '.join(SUPPORTED_DTYPES)} (default: float32)")
-    run.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
+    run.add_argument("--frameworks", default=",".join(FRAMEWORK_NAMES),
+                     help=f"comma-separated subset of {','.join(FRAMEWORK_NAMES)} (default: all)")
     run.add_argument("--out", default="parity-report",
                      help="output directory for report.json and report.md (default: parity-report/); a previous "
                      "report there is moved to previous/<timestamp>/ unless --overwrite")
@@ -97,11 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sweep_parser(sub)
     add_plan_parser(sub)
+    add_finetune_parser(sub)
     return parser
 
 
-def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None]:
-    """dtypes, frameworks and the user's plans (None: the suite's), each checked; raises ValueError."""
+def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple | None]:
+    """dtypes, frameworks and the user's plans, parsed once (None: the suite's), each checked; raises ValueError."""
 
     args.out = out_path("--out", args.out)
     if args.model is not None and not args.model.strip():
@@ -116,19 +116,16 @@ def _options(args) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | 
     bad = [d for d in dtypes if d not in SUPPORTED_DTYPES]
     if bad:
         raise ValueError(f"--dtype: unknown dtype {bad[0]!r}; valid: {', '.join(SUPPORTED_DTYPES)}")
-    frameworks = unique_items("--frameworks", args.frameworks)
-    badf = [f for f in frameworks if f not in ("jax", "torch")]
-    if badf:
-        raise ValueError(f"--frameworks: unknown framework {badf[0]!r}; valid: jax, torch")
-    schedules = None
+    frameworks = cc.frameworks_option(args.frameworks)
+    plans = None
     if args.schedules is not None:
         if not split_list(args.schedules):
             raise ValueError(f"--schedules is empty; valid forms: {', '.join(SCHEDULE_NAMES)}")
-        schedules = unique_items("--schedules", args.schedules, canonical=lambda s: parse_case_plan(s).name)
+        plans = cc.parsed_items("--schedules", args.schedules, parse_case_plan)
     cc.check_seed(args.seed)
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    return dtypes, frameworks, schedules
+    return dtypes, frameworks, plans
 
 
 def _preset(args, dtypes):
@@ -148,12 +145,10 @@ def _preset(args, dtypes):
 
 def _suite_from_args(args):
     """The :class:`parity.cases.suite.SuiteConfig` of the options, every check done before any work."""
-    from parity.cases.suite import SUITE_PLANS, SuiteConfig
-
-    dtypes, frameworks, schedules = _options(args)
+    dtypes, frameworks, plans = _options(args)
     preset, file_bytes = _preset(args, dtypes)
-    if schedules is None:
-        schedules = (preset.schedules or SUITE_PLANS["quick"]) if args.suite == "quick" else SUITE_PLANS[args.suite]
+    if plans is None:
+        plans = (preset.schedules or SUITE_PLANS["quick"]) if args.suite == "quick" else SUITE_PLANS[args.suite]
     if args.repeats is None:
         args.repeats = preset.repeats or 5
     if args.suite == "stress" and dtypes != ("float32",):
@@ -162,93 +157,61 @@ def _suite_from_args(args):
     if args.suite == "stress" and not get_model(preset.config.arch).stress_suite:
         runs = ", ".join(a for a in registered_models() if get_model(a).stress_suite)
         raise ValueError(f"--suite stress runs {runs} presets; --model {preset.name} is arch {preset.config.arch!r}")
-    modes = sum(f in frameworks for f, _ in FRAMEWORK_MODES)  # results are kept per dtype and dropout rate
+    modes = len(framework_modes(frameworks))  # results are kept per dtype and dropout rate
     check_fits(*run_estimate(preset.config, preset.batch_size, preset.seq_len, frameworks, dtypes,
-                             kept_cases=modes * (len(schedules) + 1), extra_host_bytes=file_bytes), "this run")
-    suite = SuiteConfig(name=args.suite, preset=preset, schedules=schedules, dtypes=dtypes,
+                             kept_cases=modes * (len(plans) + 1), extra_host_bytes=file_bytes), "this run")
+    suite = SuiteConfig(name=args.suite, preset=preset, plans=plans, dtypes=dtypes,
                         frameworks=frameworks, timing_repeats=args.repeats, seed=args.seed,
                         **({"hparams": preset.hparams} if preset.hparams is not None else {}))
-    suite.schedule_objects()  # validates schedule parameters against the model depth
-    if "jax" in frameworks:
-        check_jax_platform()
-        check_device_fits(preset.config, preset.batch_size, preset.seq_len, dtypes)
+    suite.plan_list()  # checks every plan against the model depth and the frameworks
+    cc.check_platforms(frameworks)
+    check_device_fits(preset.config, preset.batch_size, preset.seq_len, dtypes, frameworks)
     return suite
 
 
 def cmd_run(args) -> int:
     """``python -m parity run``: check everything, lock --out, run the suite, write the report."""
-
-    console = Console(stderr=True, soft_wrap=True, highlight=False)
+    console = make_console()
     if args.suite == "distributed":
-        from parity.cli.distributed import cmd_distributed
-
         return cmd_distributed(args, console)
     if args.devices is not None or args.mesh is not None or args.processes is not None:
-        cc.error(console, "--devices, --mesh and --processes belong to --suite distributed; add --suite distributed "
-                 "or drop them")
-        return 2
-    try:
-        suite = _suite_from_args(args)
-        lock, kept = cc.claim_out_dir(args.out, args.overwrite, REPORT_FILES)
-    except (ValueError, OutputDirError) as exc:
-        cc.error(console, exc)
-        return 2
-    previous = cc.install_interrupt_handler(lock)
-    try:
-        return _run_locked(args, suite, console, kept, lock, environment_info(suite.frameworks))
-    except WriteError as exc:
-        cc.error(console, f"{exc}; the report already in {args.out} (if any) is kept whole; make room (or raise "
-                 "the limit) and run again")
-        return 2
-    finally:
-        cc.restore_interrupt_handler(previous)
-        lock.release()
+        fail(console, "--devices, --mesh and --processes belong to --suite distributed; add --suite distributed "
+                      "or drop them")
+    suite = checked(console, _suite_from_args, args)
+    with claimed(console, args.out, args.overwrite, REPORT_FILES) as claim:
+        env = environment_info(suite.frameworks)
+        progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                            TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
+                            disable=args.no_progress, transient=True)
+        with progress:
+            task = progress.add_task("starting", total=count_cases(suite))
+            written = {"cases": 0}
+
+            def write_partial(partial_report: dict) -> None:
+                write_report({**partial_report, "complete": False, "environment": env}, args.out)
+                written["cases"] = len(partial_report["cases"])
+
+            try:
+                report = run_suite(suite, on_case=lambda case: progress.advance(task),
+                                   on_start=lambda label: progress.update(task, description=label),
+                                   on_partial=write_partial)
+            except KeyboardInterrupt:
+                claim.interrupted(f"interrupted: {args.out / 'report.json'} holds the {written['cases']} finished cases"
+                                  if written["cases"] else "interrupted before any case finished: no report was written")
+        report["complete"] = True
+        report["environment"] = env
+        return cc.finish_report(console, report, args.out, "the report's failed checks and errors")
 
 
-def _run_locked(args, suite, console, kept, lock, env) -> int:
-
-    from parity.cases.suite import count_cases, run_suite
-
-    if kept:
-        cc.note(console, kept)
-    progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
-                        disable=args.no_progress, transient=True)
-    with progress:
-        task = progress.add_task("starting", total=count_cases(suite))
-        written = {"cases": 0}
-
-        def write_partial(partial_report: dict) -> None:
-            write_report({**partial_report, "complete": False, "environment": env}, args.out)
-            written["cases"] = len(partial_report["cases"])
-
-        try:
-            report = run_suite(suite, on_case=lambda case: progress.advance(task),
-                               on_start=lambda label: progress.update(task, description=label),
-                               on_partial=write_partial)
-        except KeyboardInterrupt:
-            if written["cases"]:
-                cc.note(console, f"interrupted: {args.out / 'report.json'} holds the {written['cases']} finished cases")
-            else:
-                cc.note(console, "interrupted before any case finished: no report was written")
-            cc.exit_interrupted(lock)
-    report["complete"] = True
-    report["environment"] = env
-    return cc.finish_report(console, report, args.out, "the report's failed checks and errors")
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan, "finetune": cmd_finetune}
 
 
 def main(argv=None) -> int:
+    """Parse the command line and run the subcommand; its exit code (docs/cli.md)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "run":
-        return cmd_run(args)
-    if args.command == "sweep":
-        return cmd_sweep(args)
-    if args.command == "plan":
-        return cmd_plan(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    try:
+        return COMMANDS[args.command](args)
+    except CommandExit as exc:
+        return exc.code
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,27 +8,24 @@ locked by another run, full disk); 130 interrupted (sweep.json holds the finishe
 
 from __future__ import annotations
 
-# Deferred imports: the sweep (which loads JAX and PyTorch) loads only once the options are valid, so --help
-# and bad input answer fast.
+# Deferred imports: matplotlib (the plots) loads once the sweep has run, so --help and bad input answer fast.
 
-import math
+import dataclasses
 
-from parity.cli.util import ascii_int
-from parity.cases.sweep import (DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SWEEP_SCHEMA_VERSION, SweepConfig,
-                                run_sweep)
 from jaxremat.spec.plan import parse_plan
-from parity.cases.sweep import SWEEP_CONFIG
+
+from parity.cases.sweep import (DEFAULT_DEPTHS, DEFAULT_SCHEDULES, FRONTIER_PLANS, SWEEP_CONFIG, SWEEP_SCHEMA_VERSION,
+                                SweepConfig, run_sweep)
 from parity.cli import checks as cc
 from parity.cli.budget import check_fits, run_estimate
-from parity.cli.checks import check_jax_platform
-from parity.cli.checks import out_path, plain_ints, unique_items
+from parity.cli.checks import out_path, plain_ints
+from parity.cli.command import checked, claimed, make_console
+from parity.cli.util import ascii_int
 from parity.report.environment import environment_info
-from parity.report.files import WriteError
 from parity.report.files import atomic_write, json_text
+from parity.report.format import fmt_bytes, fmt_range, fmt_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
-from parity.report.suite_report import OutputDirError
-from rich.console import Console
-import dataclasses
+from parity.runners.framework import FRAMEWORK_NAMES
 
 
 def add_parser(sub) -> None:
@@ -40,7 +37,8 @@ def add_parser(sub) -> None:
                    help=f"comma-separated depths N (default: {','.join(map(str, DEFAULT_DEPTHS))})")
     p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
                    help=f"comma-separated plans for the depth sweep (default: {','.join(DEFAULT_SCHEDULES)})")
-    p.add_argument("--frameworks", default="jax,torch", help="comma-separated subset of jax,torch (default: both)")
+    p.add_argument("--frameworks", default=",".join(FRAMEWORK_NAMES),
+                   help=f"comma-separated subset of {','.join(FRAMEWORK_NAMES)} (default: all)")
     p.add_argument("--frontier-depth", type=ascii_int, default=16,
                    help="depth of the time-vs-memory frontier of schedules and policies; 0 skips it (default: 16)")
     p.add_argument("--frontier-plans", default=",".join(FRONTIER_PLANS),
@@ -67,52 +65,42 @@ def sweep_from_args(args) -> SweepConfig:
         raise ValueError(f"--frontier-depth must be >= 0, got {args.frontier_depth}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    plans = unique_items("--schedules", args.schedules, canonical=lambda s: parse_plan(s).name)
-    frameworks = unique_items("--frameworks", args.frameworks)
-    frontier = (unique_items("--frontier-plans", args.frontier_plans, canonical=lambda s: parse_plan(s).name)
-                if args.frontier_depth else ())
-    bad = [f for f in frameworks if f not in ("jax", "torch")]
-    if bad:
-        raise ValueError(f"--frameworks: unknown framework {bad[0]!r}; valid: jax, torch")
+    plans = cc.parsed_items("--schedules", args.schedules, parse_plan)
+    frameworks = cc.frameworks_option(args.frameworks)
+    frontier = cc.parsed_items("--frontier-plans", args.frontier_plans, parse_plan) if args.frontier_depth else ()
     deepest = max(*depths, args.frontier_depth)
     if deepest >= 1:
         check_fits(*run_estimate(SWEEP_CONFIG.replace(n_layer=deepest), SweepConfig.batch_size, SweepConfig.seq_len,
                                  frameworks, (SWEEP_CONFIG.dtype,),
                                  kept_cases=0), f"the sweep's deepest case (N={deepest})")
-    if "jax" in frameworks:
-
-        check_jax_platform()
+    cc.check_platforms(frameworks)
     return SweepConfig(depths=depths, plans=_with_none(plans), frameworks=frameworks,
                        frontier_depth=args.frontier_depth or None, frontier_plans=_with_none(frontier),
                        timing_repeats=args.repeats)
 
 
 def _with_none(plans) -> tuple[str, ...]:
-
-    return ("none", *(p for p in plans if parse_plan(p).name != "none"))
-
-
-def _range(r) -> str:
-    return "-" if not r else f"{r[0]:.2f}-{r[1]:.2f}"
+    """The plans' names with ``none`` first (the reference of every depth)."""
+    return ("none", *(p.name for p in plans if p.name != "none"))
 
 
-def _cell(text) -> str:
-    """One table cell: the first line of ``text``, its ``|`` escaped."""
-    lines = str(text).strip().splitlines() or [""]
-    return lines[0].replace("|", "\\|")
+SWEEP_COLUMNS = ("framework", "N", "plan", "saved", "predicted", "gap", "peak act.", "predicted", "gap", "time/none",
+                 "time/none range", "peak act. source", "flags")
 
 
-def _b(n) -> str:
-    if n is None:
-        return "-"
-    for unit, div in (("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= div:
-            return f"{n / div:.1f} {unit}"
-    return f"{n} B"
+def _pct(g) -> str:
+    return fmt_ratio(g, "{:+.1%}")
 
 
-def _f(x, fmt="{:.2f}") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+def _case_row(c: dict) -> list[str]:
+    """One sweep case in :data:`SWEEP_COLUMNS` order (an error fills the rest of its row)."""
+    head = [c["framework"], str(c["n_layer"]), c["plan"]]
+    if c["error"]:
+        return head + [f"error: {c['error']}"] + [""] * (len(SWEEP_COLUMNS) - 4)
+    return head + [fmt_bytes(c["saved_bytes"]), fmt_bytes(c["predicted_saved_bytes"]), _pct(c["saved_gap"]),
+                   fmt_bytes(c["peak_activation_bytes"]), fmt_bytes(c["predicted_peak_activation_bytes"]),
+                   _pct(c["peak_gap"]), fmt_ratio(c.get("time_overhead")), fmt_range(c.get("time_overhead_range")),
+                   c["peak_activation_source"], "; ".join(c["flags"]) or "-"]
 
 
 def markdown(report: dict, plots: dict[str, str]) -> str:
@@ -123,43 +111,28 @@ def markdown(report: dict, plots: dict[str, str]) -> str:
              f"{cfg['dtype']}; batch {report['batch_size']} x {report['seq_len']} tokens. Depths "
              f"{', '.join(map(str, report['depths']))}.", ""]
     lines += ["## Slopes of activation memory vs depth (log-log fit)", "",
-              "| framework | plan | saved slope | peak activation slope |", "|---|---|---|---|"]
-    for fw, plans in report["slopes"].items():
-        for plan, s in plans.items():
-            lines.append(f"| {fw} | {plan} | {_f(s['saved'])} | {_f(s['peak_activation'])} |")
+              md_table(("framework", "plan", "saved slope", "peak activation slope"),
+                       [[fw, plan, fmt_ratio(s["saved"]), fmt_ratio(s["peak_activation"])]
+                        for fw, plans in report["slopes"].items() for plan, s in plans.items()])]
     red = report["sqrt_reduction"]
+    units = f"{red['unit_model']:.2f}x ({red['n_layer'] + 1}/{round((red['n_layer'] + 1) / red['unit_model'])})"
     lines += ["", f"## sqrt vs none at N={red['n_layer']}", "",
-              "| framework | measured peak-activation reduction | per-layer model | unit model | measured saved-bytes reduction |",
-              "|---|---|---|---|---|"]
-    for fw in report["frameworks"]:
-        if fw in red:
-            r = red[fw]
-            lines.append(f"| {fw} | {r['measured']:.2f}x | {r['per_layer_model']:.2f}x | {red['unit_model']:.2f}x "
-                         f"({red['n_layer'] + 1}/{round((red['n_layer'] + 1) / red['unit_model'])}) | {r['measured_saved']:.2f}x |")
+              md_table(("framework", "measured peak-activation reduction", "per-layer model", "unit model",
+                        "measured saved-bytes reduction"),
+                       [[fw, f"{red[fw]['measured']:.2f}x", f"{red[fw]['per_layer_model']:.2f}x", units,
+                         f"{red[fw]['measured_saved']:.2f}x"] for fw in report["frameworks"] if fw in red])]
     lines += ["", f"![memory vs depth]({plots['memory_vs_depth']})", ""]
     lines += ["## Every case: predicted vs measured", "",
               f"Gaps above {report['gap_limit']:.0%} are flagged. Saved bytes are predicted tensor by tensor "
               "(jaxremat.models.gpt.activation); peak activation bytes by the chain model in bytes. `time/none range` = "
               "the lowest and highest ratio any pair of timed steps gives: a range that holds 1.00 is noise at these "
-              "repeats.", "",
-              "| framework | N | plan | saved | predicted | gap | peak act. | predicted | gap | time/none | time/none range "
-              "| peak act. source | flags |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c in report["cases"]:
-        if c["error"]:
-            lines.append(f"| {c['framework']} | {c['n_layer']} | {c['plan']} | error: {_cell(c['error'])} ||||||||||")
-            continue
-        lines.append(
-            f"| {c['framework']} | {c['n_layer']} | {c['plan']} | {_b(c['saved_bytes'])} | "
-            f"{_b(c['predicted_saved_bytes'])} | {_f(c['saved_gap'], '{:+.1%}')} | {_b(c['peak_activation_bytes'])} | "
-            f"{_b(c['predicted_peak_activation_bytes'])} | {_f(c['peak_gap'], '{:+.1%}')} | "
-            f"{_f(c.get('time_overhead'))} | {_range(c.get('time_overhead_range'))} | {c['peak_activation_source']} | "
-            f"{'; '.join(c['flags']) or '-'} |")
+              "repeats.", "", md_table(SWEEP_COLUMNS, [_case_row(c) for c in report["cases"]])]
     warnings = [c["survival"]["warning"] for c in report["cases"] if c.get("survival") and c["survival"]["warning"]]
-    lines += ["", "## Remat survival (JAX)", ""]
+    lines += ["", "## Remat survival (compiled programs: JAX)", ""]
     assessed = [c for c in report["cases"] if c.get("survival")]
-    if "jax" not in report["frameworks"]:
-        lines += ["- not assessed: JAX did not run in this sweep (--frameworks " + ",".join(report["frameworks"]) + ")"]
+    if not assessed and not any("dots_before" in c for c in report["cases"]):
+        lines += ["- not assessed: no framework of this sweep compiles a program (--frameworks "
+                  + ",".join(report["frameworks"]) + ")"]
     elif not assessed:
         lines += ["- not assessed: no JAX schedule case finished beside a `none` case at the same depth"]
     else:
@@ -184,32 +157,15 @@ SWEEP_FILES = ("sweep.json", "sweep.md", "memory_vs_depth.png", "frontier.png", 
 
 def cmd_sweep(args) -> int:
     """Run the sweep and write its files; returns the exit code."""
-
-    console = Console(stderr=True, soft_wrap=True, highlight=False)
-    try:
-        sweep = sweep_from_args(args)
-        lock, kept = cc.claim_out_dir(args.out, args.overwrite, SWEEP_FILES)
-    except (ValueError, OutputDirError) as exc:
-        cc.error(console, exc)
-        return 2
-    previous = cc.install_interrupt_handler(lock)
-    try:
-        return _sweep_locked(args, sweep, console, kept, lock, environment_info(sweep.frameworks))
-    except WriteError as exc:
-        cc.error(console, f"{exc}; the sweep files already in {args.out} (if any) are kept whole; make room (or "
-                 "raise the limit) and run again")
-        return 2
-    finally:
-        cc.restore_interrupt_handler(previous)
-        lock.release()
+    console = make_console()
+    sweep = checked(console, sweep_from_args, args)
+    with claimed(console, args.out, args.overwrite, SWEEP_FILES) as claim:
+        return _sweep(args, sweep, console, claim, environment_info(sweep.frameworks))
 
 
-def _sweep_locked(args, sweep: SweepConfig, console, kept, lock, env) -> int:
-
+def _sweep(args, sweep: SweepConfig, console, claim, env) -> int:
     from parity.report.plots import write_plots
 
-    if kept:
-        cc.note(console, kept)
     done: list[dict] = []
 
     def on_case(c: dict) -> None:
@@ -218,22 +174,21 @@ def _sweep_locked(args, sweep: SweepConfig, console, kept, lock, env) -> int:
             {"schema": SWEEP_SCHEMA_VERSION, "complete": False, "nonfinite_encoding": "string", "environment": env,
              "config": dataclasses.asdict(sweep.config), "depths": list(sweep.depths), "plans": list(sweep.plans),
              "frameworks": list(sweep.frameworks), "cases": done}, indent=1))
-        status = c["error"] or f"saved {_b(c['saved_bytes'])}, peak act. {_b(c['peak_activation_bytes'])}"
+        status = c["error"] or f"saved {fmt_bytes(c['saved_bytes'])}, peak act. {fmt_bytes(c['peak_activation_bytes'])}"
         cc.note(console, f"{c['framework']:5s} N={c['n_layer']:<3d} {c['plan']:28s} {status}")
 
     try:
         report = run_sweep(sweep, on_case=on_case)
     except KeyboardInterrupt:
-        cc.note(console, f"interrupted: {args.out / 'sweep.json'} holds the {len(done)} finished cases (complete: false)"
-                if done else "interrupted before any case finished: no sweep.json was written")
-        cc.exit_interrupted(lock)
+        claim.interrupted(f"interrupted: {args.out / 'sweep.json'} holds the {len(done)} finished cases (complete: false)"
+                          if done else "interrupted before any case finished: no sweep.json was written")
     plots = write_plots(report, args.out)
     report.update(plots=plots, complete=True, nonfinite_encoding="string", environment=env)
     atomic_write(args.out / "sweep.json", json_text(report, indent=1))
     atomic_write(args.out / "sweep.md", markdown(report, plots))
     write_html(report, args.out)
     for fw, plans in report["slopes"].items():
-        cc.note(console, fw + ": " + ", ".join(f"{p} saved {_f(s['saved'])} peak {_f(s['peak_activation'])}"
+        cc.note(console, fw + ": " + ", ".join(f"{p} saved {fmt_ratio(s['saved'])} peak {fmt_ratio(s['peak_activation'])}"
                                                for p, s in plans.items()))
     cc.note(console, f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.md'}, {args.out / HTML_NAME}, "
             + ", ".join(plots.values()))

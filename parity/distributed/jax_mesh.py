@@ -5,7 +5,7 @@ family's loss (:func:`parity.runners.jax_runner.objective`) under ``jax.value_an
 shared optax AdamW update, each jitted with ``in_shardings``/``out_shardings`` from
 :mod:`jaxremat.sharding` -- the gradients come out sharded like the parameters, the AdamW moments
 live sharded like them. The two programs stay apart as in the single-device runner (see
-:meth:`parity.runners.jax_runner._Programs.train_step` for why).
+:meth:`parity.runners.jax_runner.Programs.train_step` for why).
 
 Memory per device (:func:`device_memory`): parameter, gradient and optimizer-state bytes are the
 shard sizes resident on device 0 (:func:`jaxremat.sharding.shard_bytes`); activations are the
@@ -31,7 +31,7 @@ from jaxremat.models import param_shapes
 from jaxremat.spec.plan import RematPlan
 from parity.distributed.result import DeviceMemory
 from parity.inputs.train import AdamWConfig
-from parity.runners.jax_runner import objective
+from parity.runners.jax_runner import objective, optimizer
 
 
 @dataclasses.dataclass
@@ -55,8 +55,7 @@ class MeshRun:
 
 @functools.lru_cache(maxsize=8)
 def _tx(hparams: AdamWConfig):
-    return optax.adamw(hparams.learning_rate, b1=hparams.b1, b2=hparams.b2, eps=hparams.eps,
-                       weight_decay=hparams.weight_decay)
+    return optimizer(hparams)  # the harness's one optax.adamw
 
 
 def _value_and_grad(cfg, plan: RematPlan, carry_sharding=None):
@@ -64,7 +63,7 @@ def _value_and_grad(cfg, plan: RematPlan, carry_sharding=None):
     extra = {} if carry_sharding is None else {"carry_sharding": carry_sharding}
 
     def value_and_grad(params, tokens):
-        return jax.value_and_grad(loss)(params, tokens, cfg, plan.schedule, None, policy=plan.policy, **extra)
+        return jax.value_and_grad(loss)(params, tokens, cfg, plan, None, **extra)
 
     return value_and_grad
 

@@ -61,7 +61,7 @@ class DistributedRow:
         devices: devices (JAX) or ranks (PyTorch) taking part.
         processes: OS processes taking part (JAX: 1 for simulated host devices in one process, P for a mesh
             spread over P processes; PyTorch: the ranks).
-        schedule: the plan's name (:func:`jaxremat.spec.parse_plan` reads it back).
+        plan: the plan's name (:func:`jaxremat.spec.parse_plan` reads it back).
         status: ``"pass"``, ``"fail"`` or ``"error"``.
         loss: first step's loss (None on error).
         grads_bitwise: gradients' raw bytes equal to ``none`` on the same mesh (None on error;
@@ -89,7 +89,7 @@ class DistributedRow:
     layout: str
     devices: int
     processes: int
-    schedule: str
+    plan: str
     status: str
     loss: float | None = None
     grads_bitwise: bool | None = None

@@ -1,34 +1,32 @@
 """The distributed suite (``python -m parity run --suite distributed``): both frameworks past one device.
 
-:func:`run_distributed` starts the JAX worker (:mod:`parity.distributed.jax_worker`, its own process:
-JAX takes its host-device count from ``XLA_FLAGS`` at start), then, when the
-PyTorch worker module (:data:`TORCH_WORKER`) imports, the PyTorch ranks (its ``run_torch_distributed``), and compares each PyTorch mesh's ``none`` gradients with the JAX mesh
-of the same layout (else JAX data parallel) within :data:`parity.checks.compare.TOLERANCES`
-(:func:`parity.checks.compare.cross_check`). The report object carries the usual keys
-(``cases`` empty) plus ``distributed``: one section per mesh (docs/report-schema.md).
+:func:`run_distributed` runs each framework's meshes through its
+:meth:`parity.runners.framework.Framework.run_distributed` (JAX: the worker process of
+:mod:`parity.distributed.jax_worker`, which takes its host-device count from ``XLA_FLAGS`` at start;
+PyTorch: the ranks of :mod:`parity.distributed.torch_worker`; both started by
+:mod:`parity.distributed.launch`), and compares each PyTorch mesh's ``none`` gradients with the JAX
+mesh of the same layout (else JAX data parallel) within :data:`parity.checks.compare.TOLERANCES`
+(:func:`parity.checks.compare.cross_row`). The report object carries the usual keys (``cases``
+empty) plus ``distributed``: one section per mesh, its rows case records (docs/report-schema.md).
 """
 
 from __future__ import annotations
 
-# Deferred imports: the PyTorch worker loads torch; it is imported only when the suite runs torch.
-
 import dataclasses
-import importlib
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from safetensors.numpy import load_file
 
-from parity.checks.compare import cross_check, tolerance_for
-from parity.checks.loss_terms import loss_term_scale
-from parity.distributed.jax_worker import DEFAULT_MESHES, DEFAULT_PLANS, ROWS_FILE
-from parity.distributed.result import DistributedRow
+import numpy as np
+
+from parity.cases.record import base_case
+from parity.checks.compare import cross_row
+from parity.distributed.jax_worker import DEFAULT_MESHES, DEFAULT_PLANS
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.train import AdamWConfig
 from parity.report.suite_report import SCHEMA_VERSION, SUITE_MARKER
+from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, get_framework, loss_term_scale
+from parity.runners.result import RunResult
 
 TORCH_WORKER = "parity.distributed.torch_worker"
 TORCH_WORLD_SIZE = 2
@@ -71,34 +69,40 @@ def torch_worker():
                       "meshes ran alone")
 
 
-def _cross(jax_rows: list[dict], torch_rows: list[DistributedRow], cfg, params, tokens) -> list[dict]:
-    """One cross-framework row per PyTorch ``none`` row: against the JAX ``none`` of the same layout (else data parallel)."""
+def _cross(a_rows: list[dict], b_rows: list[dict], cfg, params, tokens) -> list[dict]:
+    """One cross-framework row per ``none`` row of the second framework (PyTorch): against the first's (JAX)
+    ``none`` of the same layout, else of the data-parallel one, by :func:`parity.checks.compare.cross_row`."""
     scale = loss_term_scale(cfg, params, tokens)
+    a_fw, b_fw = FRAMEWORK_NAMES
     by_layout = {}
-    for r in jax_rows:
-        if r["schedule"] == "none" and r["status"] != "error" and r["grads_file"]:
+    for r in a_rows:
+        if r["plan"] == "none" and r["status"] != "error" and r["grads_file"]:
             by_layout.setdefault(r["layout"], r)
     out = []
-    for t in torch_rows:
-        if t.schedule != "none" or t.grads_file is None:
+    for t in b_rows:
+        if t["plan"] != "none" or t["grads_file"] is None:
             continue
-        j = by_layout.get(t.layout) or by_layout.get("data_parallel")
-        tol, tol_loss = tolerance_for(cfg.dtype, "grads"), tolerance_for(cfg.dtype, "loss")
-        row = {"schedule": "none", "dtype": cfg.dtype, "jax_mesh": j and j["mesh"], "torch_mesh": t.mesh,
-               "variant": f"jax {j['mesh'] if j else '-'} vs torch {t.mesh}",
-               "tolerance": tol.bound, "tolerance_reason": tol.reason, "tolerance_loss": tol_loss.bound,
-               "tolerance_loss_reason": tol_loss.reason, "max_rel_err_grads": None, "ok": False, "error": None}
-        if j is None:
-            row["error"] = "no JAX mesh ran none"
-        else:
-            row.update(cross_check(j["loss"], t.loss, load_file(j["grads_file"]), load_file(t.grads_file), scale,
-                                   cfg.dtype))
-        out.append(row)
+        j = by_layout.get(t["layout"]) or by_layout.get("data_parallel")
+        out.append(cross_row("none", cfg.dtype, None if j is None else _run_of(j), _run_of(t), scale,
+                             failure=f"no {FRAMEWORKS[a_fw].label} mesh ran none",
+                             variant=f"{a_fw} {j['mesh'] if j else '-'} vs {b_fw} {t['mesh']}",
+                             **{f"{a_fw}_mesh": j and j["mesh"], f"{b_fw}_mesh": t["mesh"]}))
     return out
 
 
+def _run_of(row: dict) -> RunResult:
+    """A row's loss and its gradient file, as a run (what :func:`parity.checks.compare.cross_row` compares)."""
+    return RunResult(loss=np.asarray(row["loss"]), grads=load_file(row["grads_file"]), trained=None, mode=row["mode"])
+
+
+def _records(framework: str, rows: list[dict], preset, cfg) -> list[dict]:
+    """The rows as case records: the base fields (:func:`parity.cases.record.base_case`) first, then the row's."""
+    mode = FRAMEWORKS[framework].measured_mode
+    return [{**base_case(framework, mode, r["plan"], preset.name, cfg), **r} for r in rows]
+
+
 def run_distributed(preset, out_dir: Path, *, devices: int = 4, meshes: tuple[str, ...] = DEFAULT_MESHES,
-                    plans: tuple[str, ...] = DEFAULT_PLANS, frameworks: tuple[str, ...] = ("jax", "torch"),
+                    plans: tuple[str, ...] = DEFAULT_PLANS, frameworks: tuple[str, ...] = FRAMEWORK_NAMES,
                     seed: int = 0, hparams=None, note=print, processes: int = 1) -> dict:
     """Run the distributed suite and return the report object (module docstring).
 
@@ -108,15 +112,16 @@ def run_distributed(preset, out_dir: Path, *, devices: int = 4, meshes: tuple[st
         devices: JAX host devices (CPU) the worker starts with.
         meshes: JAX mesh specs.
         plans: plan names (``none`` first).
-        frameworks: subset of ``("jax", "torch")``.
+        frameworks: names of :data:`parity.runners.framework.FRAMEWORKS`.
         seed: weights and tokens seed.
         hparams: AdamW settings recorded in the report.
-        note: called with a one-line message (the PyTorch half missing).
+        note: called with a one-line message (a framework's half missing).
         processes: > 1 also runs each JAX mesh spread over that many processes
             (:mod:`parity.distributed.jax_multiprocess`), in a section of its own after the mesh's.
 
     Raises:
         ValueError: a mesh does not divide the devices or the model (one line).
+        parity.distributed.launch.WorkerError: a worker failed.
     """
     work = Path(out_dir) / "distributed"
     work.mkdir(parents=True, exist_ok=True)
@@ -127,27 +132,24 @@ def run_distributed(preset, out_dir: Path, *, devices: int = 4, meshes: tuple[st
               "config": dataclasses.asdict(cfg), "batch_size": preset.batch_size, "seq_len": preset.seq_len,
               "hparams": dataclasses.asdict(hparams or AdamWConfig()), "seed": seed,
               "cases": [], "cross_framework": [],
-              "distributed": {"devices": devices, "processes": processes, "meshes": [], "torch_status": None}}
-    jax_rows: list[dict] = []
-    if "jax" in frameworks:
-        jax_out = run_jax_worker(preset.name, devices, meshes, plans, work, seed, processes)
-        for m in jax_out["meshes"]:
-            report["distributed"]["meshes"].append({"framework": "jax", **m})
-            jax_rows += m["rows"]
-    if "torch" in frameworks:
-        module, why = torch_worker()
-        if module is None:
-            report["distributed"]["torch_status"] = why
+              "distributed": {"devices": devices, "processes": processes, "meshes": [], "not_run": {}}}
+    rows: dict[str, list[dict]] = {}
+    for fw in (f for f in FRAMEWORK_NAMES if f in frameworks):
+        try:
+            framework = get_framework(fw)
+        except ImportError as exc:  # the other framework's meshes still run
+            why = (f"{FRAMEWORKS[fw].label} distributed half not run: {FRAMEWORKS[fw].module} cannot be imported "
+                   f"({exc}); the other meshes ran alone")
+            report["distributed"]["not_run"][fw] = why
             note(why)
-        else:
-            rows = module.run_torch_distributed(preset.name, TORCH_WORLD_SIZE, plans, str(work), seed=seed, hparams=hparams)
-            for mesh in dict.fromkeys(r.mesh for r in rows):
-                mine = [r for r in rows if r.mesh == mesh]
-                report["distributed"]["meshes"].append({"framework": "torch", "mesh": mesh, "layout": mine[0].layout,
-                                                        "rows": [r.to_json() for r in mine]})
-            report["distributed"]["torch_status"] = "ran"
-            if jax_rows:
-                report["cross_framework"] = _cross(jax_rows, rows, cfg, params, tokens)
+            continue
+        for m in framework.run_distributed(preset, work, devices=devices, meshes=meshes, plans=plans, seed=seed,
+                                           processes=processes, hparams=hparams):
+            m = {"framework": fw, **m, "rows": _records(fw, m["rows"], preset, cfg)}
+            report["distributed"]["meshes"].append(m)
+            rows.setdefault(fw, []).extend(m["rows"])
+    if len(rows) == len(FRAMEWORK_NAMES):
+        report["cross_framework"] = _cross(*(rows[f] for f in FRAMEWORK_NAMES), cfg, params, tokens)
     return report
 
 

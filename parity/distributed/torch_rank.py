@@ -26,12 +26,9 @@ from parity.distributed.torch_memory import predict, rank_memory, single_activat
 from parity.inputs.presets import get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.train import AdamWConfig
+from parity.runners.torch_runner import adamw
 
 REFERENCE = "mean of the per-shard single-device gradients (rank order, / W)"
-
-
-def _adamw(params, h: AdamWConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=h.learning_rate, betas=(h.b1, h.b2), eps=h.eps, weight_decay=h.weight_decay)
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -98,7 +95,7 @@ class RankRun:
         key = f"{plan} (gradients resident)" if grads_resident else plan
         if key not in self._single_act:
             model = GPT.from_params(self.cfg, self.params)
-            opt = _adamw(model.parameters(), self.hparams)
+            opt = adamw(model.parameters(), self.hparams)
 
             def step():
                 opt.zero_grad(set_to_none=not grads_resident)
@@ -129,7 +126,7 @@ class RankRun:
 
     def _train(self, layout: str, plan: str) -> tuple[dict[str, np.ndarray], DeviceMemory]:
         module = self._wrap(layout)
-        opt = _adamw(module.parameters(), self.hparams)
+        opt = adamw(module.parameters(), self.hparams)
 
         def step():
             opt.zero_grad(set_to_none=True)
@@ -187,7 +184,7 @@ class RankRun:
         ok = g.equal and w.equal and loss_same and ref.equal
         full = self._summary["full_batch_vs_reference"]
         return DistributedRow(
-            framework="torch", mesh=mesh, layout=layout, devices=self.world, processes=self.world, schedule=plan,
+            framework="torch", mesh=mesh, layout=layout, devices=self.world, processes=self.world, plan=plan,
             status="pass" if ok else "fail", loss=loss, grads_bitwise=g.equal, weights_bitwise=w.equal,
             max_ulp=g.max_ulp, exception=None,
             reference=f"{REFERENCE}; the full-batch gradient differs by max abs {full['max_abs']:.3g} "

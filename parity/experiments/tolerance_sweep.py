@@ -34,6 +34,8 @@ from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from parity.checks.compare import EPS
 from parity.checks.compare import tolerance_for
+from parity.report.format import md_table
+from parity.runners.framework import FRAMEWORK_NAMES
 
 XLA_ISAS = ("SSE4_2", "AVX", "AVX2", "AVX512")
 ATEN_CAPABILITIES = ("default", "avx2", "avx512")
@@ -230,7 +232,7 @@ def bitwise_findings(results: list[dict]) -> list[str]:
     for r in results:
         for v in r["variants"]:
             for s in v["schedules"]:
-                for fw in ("jax", "torch"):
+                for fw in FRAMEWORK_NAMES:
                     b = s.get(f"{fw}_vs_none")
                     if b is not None and not b["equal"]:
                         found.append(f"{r['setting']['name']} {r['spec']['model']} {v['variant']} {s['schedule']} "
@@ -244,23 +246,22 @@ def markdown(results: list[dict]) -> str:
     ``JAX bits`` / ``PyTorch bits``: the start of :func:`parity.experiments.tolerance_worker.digest` of the
     ``none`` loss and gradients (JAX under ``jit``): settings sharing a digest computed the same bits.
     """
-    lines = ["| model | dtype | quantity | JAX | max error | in eps | where | tolerance | margin |", "|" + "---|" * 9]
-    for s in summary(results):
-        lines.append(f"| {s['model']} | {s['dtype']} | {s['quantity']} | {s['mode']} | {s['max_err']:.2e} "
-                     f"| {s['max_err_eps']:.3g} | {s['where']} | {s['tolerance']:.2e} | {s['margin']:.1f}x |")
-    lines += ["", "| setting | model | dtype | max loss error | max grads error | JAX bits | PyTorch bits "
-              "| XLA registers | ATen | YNN fusions |", "|" + "---|" * 10]
+    table = [[s["model"], s["dtype"], s["quantity"], s["mode"], f"{s['max_err']:.2e}", f"{s['max_err_eps']:.3g}",
+              s["where"], f"{s['tolerance']:.2e}", f"{s['margin']:.1f}x"] for s in summary(results)]
+    lines = [md_table(("model", "dtype", "quantity", "JAX", "max error", "in eps", "where", "tolerance", "margin"), table)]
+    per_setting = []
     for r in results:
         regs = r.get("xla_vector_registers")
         regs = "-" if not regs else ", ".join(f"{k} {n}" for k, n in regs.items() if n)
         for v in r["variants"]:
             sub = [x for x in rows([{**r, "variants": [v]}])]
             none = v["schedules"][0]
-            ynn = none.get("ynn_fusions", "-")
-            bits = [none.get(f"{fw}_digest", "-")[:6] for fw in ("jax", "torch")]
-            lines.append(f"| {r['setting']['name']} | {r['spec']['model']} | {v['variant']} "
-                         f"| {max(x['loss_err'] for x in sub):.2e} | {max(x['grads_err'] for x in sub):.2e} "
-                         f"| {bits[0]} | {bits[1]} | {regs} | {r['aten_capability']} | {ynn} |")
+            bits = [none.get(f"{fw}_digest", "-")[:6] for fw in FRAMEWORK_NAMES]
+            per_setting.append([r["setting"]["name"], r["spec"]["model"], v["variant"],
+                                f"{max(x['loss_err'] for x in sub):.2e}", f"{max(x['grads_err'] for x in sub):.2e}",
+                                *bits, regs, r["aten_capability"], str(none.get("ynn_fusions", "-"))])
+    lines += ["", md_table(("setting", "model", "dtype", "max loss error", "max grads error", "JAX bits", "PyTorch bits",
+                            "XLA registers", "ATen", "YNN fusions"), per_setting)]
     found = bitwise_findings(results)
     lines += ["", f"Within-framework bitwise (each schedule against none, same process): "
               f"{'all equal' if not found else f'{len(found)} not equal'}"] + [f"- {f}" for f in found]

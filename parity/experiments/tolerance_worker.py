@@ -10,39 +10,39 @@ pins itself to before jax and torch load); the result is one JSON object on the 
 standard output.
 
 Per variant (``float32``, ``float64``, ``bfloat16`` = float32 parameters with bfloat16 compute) and
-schedule it runs JAX under ``jit`` (:func:`parity.runners.jax_runner.run_schedule`, the suite's path) and
-PyTorch (the loss and gradients block of :func:`parity.runners.torch_runner.run_schedule`, without its
-training, memory and timing measurements), applies :func:`parity.checks.compare.cross_check`, and checks
-every schedule byte for byte against ``none`` inside each framework under the same setting.
+plan it runs each framework in its measured mode (JAX under ``jit``, PyTorch eager) through
+:meth:`parity.runners.framework.Framework.run_plan`, the suite's path, without its training, memory and
+timing measurements (:func:`loss_and_grads`), applies :func:`parity.checks.compare.cross_check`, and
+checks every plan byte for byte against ``none`` inside each framework under the same setting. Each
+framework's kernels are recorded (:meth:`parity.runners.framework.Framework.backend_info`: ATen's
+instruction set and threads, XLA's flags and the vector registers its code uses).
 """
 
 from __future__ import annotations
 
-# Deferred imports: each worker process loads only the framework its setting runs.
-
-import glob
 import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-from parity.runners.result import RunResult
-from jaxremat.spec import parse_schedule
-from jaxremat.spec.policies import parse_policy
-from parity.checks.compare import compare_bitwise
-from parity.checks.compare import cross_check
+from jaxremat.spec.plan import parse_plan
+
+from parity.checks.compare import compare_bitwise, cross_check
 from parity.inputs.presets import get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.inputs.train import AdamWConfig
-import contextlib
+from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, RunOptions, get_framework, loss_term_scale
+from parity.runners.result import RunResult
 
 VARIANTS = ("float32", "float64", "bfloat16")
+LOSS_AND_GRADS = RunOptions(hparams=AdamWConfig(steps=1), timing_repeats=1, with_reverse_loop=False,
+                            with_training=False, with_memory=False)
+"""The suite's run of a plan without its training, memory and timing (only the loss and gradients are compared)."""
 
 
 def variant_inputs(preset, variant: str, seed: int = 0):
@@ -58,54 +58,11 @@ def variant_inputs(preset, variant: str, seed: int = 0):
     return cfg, params, tokens, variant
 
 
-def torch_loss_and_grads(cfg, params, tokens, schedule, seed: int = 0) -> RunResult:
-    """The loss and gradients of :func:`parity.runners.torch_runner.run_schedule`, computed the same way
-    (a :class:`parity.runners.result.RunResult` without training, memory or timing)."""
-    import torch
-
-    from parity.runners.torch_runner import model_and_loss
-
-    Model, loss_fn, _ = model_and_loss(cfg)
-    tokens_t = torch.from_numpy(np.array(tokens, dtype=np.int64, order="C", copy=True))
-    model = Model.from_params(cfg, params)
-    torch.manual_seed(seed)
-    loss = loss_fn(model, tokens_t, schedule, policy=parse_policy(None))
-    loss.backward()
-    return RunResult(loss=np.asarray(loss.detach().numpy(), dtype=cfg.dtype).copy(), grads=model.to_params(grads=True),
-                     trained=None, mode="eager")
-
-
-def jax_loss_and_grads(cfg, params, tokens, schedule, mode: str = "jit") -> RunResult:
-    """The loss and gradients of :func:`parity.runners.jax_runner.run_schedule` (no training run)."""
-    from parity.runners import jax_runner
-
-    return jax_runner.run_schedule(cfg, params, tokens, schedule, mode=mode, hparams=AdamWConfig(steps=1),
-                                   timing_repeats=1, with_reverse_loop=False, with_training=False)
-
-
-def xla_vector_registers() -> dict | None:
-    """Registers used by XLA's generated code for an elementwise probe: proof the ISA flag took effect.
-
-    Compiles a small elementwise program with ``--xla_dump_to`` (added to this process's
-    ``XLA_FLAGS`` before jax loads) and counts ``xmm``/``ymm``/``zmm`` operands in the object file
-    with ``objdump``. None when objdump is missing or nothing was dumped.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    def isa_probe(x):
-        for _ in range(4):
-            x = jnp.tanh(x) * 1.0001 + jnp.exp(-x * x)
-        return x
-
-    jax.jit(isa_probe)(jnp.ones((256, 256), jnp.float32)).block_until_ready()
-    dump = os.environ.get("_PARITY_XLA_DUMP")
-    objdump = shutil.which("objdump")
-    objs = glob.glob(os.path.join(dump, "*isa_probe*.o")) if dump else []
-    if not objs or not objdump:
-        return None
-    text = subprocess.run([objdump, "-d", objs[0]], capture_output=True, text=True, check=True).stdout
-    return {reg: text.count(reg) for reg in ("xmm", "ymm", "zmm")}
+def loss_and_grads(framework: str, cfg, params, tokens, plan, mode: str | None = None) -> RunResult:
+    """The loss and gradients of :meth:`parity.runners.framework.Framework.run_plan`, the suite's path, in
+    ``mode`` (default: the framework's measured mode), without training, memory or timing."""
+    mode = mode or FRAMEWORKS[framework].measured_mode
+    return get_framework(framework).run_plan(mode, cfg, params, tokens, parse_plan(plan), LOSS_AND_GRADS)
 
 
 def digest(res: RunResult) -> str:
@@ -125,47 +82,37 @@ def _bitwise(res: RunResult, ref: RunResult) -> dict:
             "mismatched": sorted(loss.mismatched + grads.mismatched)}
 
 
-def _ynn_fusions(cfg, schedule, tokens) -> int:
-    """How many YNNPACK fusions XLA made of the jitted loss+grad program (0: dots run on Eigen)."""
-    from parity.runners.jax_runner import compiled_value_and_grad
-
-    tokens = np.asarray(tokens)
-    compiled = compiled_value_and_grad(cfg, schedule, AdamWConfig(steps=1), tuple(tokens.shape), False,
-                                        parse_policy(None))
-    return compiled.as_text().count('"kind":"__ynn_fusion"')
+def _ynn_fusions(cfg, plan, tokens) -> int:
+    """How many YNNPACK fusions XLA made of the compiled loss+grad programs (0: dots run on Eigen), over the
+    frameworks that compile one (:meth:`parity.runners.framework.Framework.compiled_program`)."""
+    texts = [get_framework(fw).compiled_program(cfg, tuple(np.asarray(tokens).shape), parse_plan(plan))
+             for fw in FRAMEWORK_NAMES]
+    return sum(t.count('"kind":"__ynn_fusion"') for t in texts if t is not None)
 
 
-def run_variant(preset, variant: str, schedules, eager: bool) -> dict:
+def run_variant(preset, variant: str, plans, eager: bool) -> dict:
     """Cross-framework errors and within-framework bitwise checks of one variant (see module doc)."""
-
-    import jax
-
-    from parity.checks.loss_terms import loss_term_scale
-
     cfg, params, tokens, dtype = variant_inputs(preset, variant)
     scale = loss_term_scale(cfg, params, tokens)
-    x64 = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
+    a_fw, b_fw = FRAMEWORK_NAMES
     out = {"variant": variant, "loss_term_scale": scale, "schedules": []}
     refs = {}
-    for name in schedules:
-        schedule = parse_schedule(name)
+    for name in plans:
         t0 = time.perf_counter()
-        j = jax_loss_and_grads(cfg, params, tokens, schedule)
-        t = torch_loss_and_grads(cfg, params, tokens, schedule)
-        row = {"schedule": name, "loss_jax": float(j.loss), "loss_torch": float(t.loss),
-               "jax_digest": digest(j), "torch_digest": digest(t),
-               **cross_check(j.loss, t.loss, j.grads, t.grads, scale, dtype)}
-        if name == "none":
-            refs = {"jax": j, "torch": t}
-            with x64:
-                row["ynn_fusions"] = _ynn_fusions(cfg, schedule, tokens)
-            if eager and variant == "float32":  # op by op costs seconds per step: float32 only
-                e = jax_loss_and_grads(cfg, params, tokens, schedule, mode="eager")
-                row["eager"] = {"loss_jax": float(e.loss), "jax_digest": digest(e),
-                                **cross_check(e.loss, t.loss, e.grads, t.grads, scale, dtype)}
+        runs = {fw: loss_and_grads(fw, cfg, params, tokens, name) for fw in FRAMEWORK_NAMES}
+        row = {"schedule": name, **{f"loss_{fw}": float(r.loss) for fw, r in runs.items()},
+               **{f"{fw}_digest": digest(r) for fw, r in runs.items()},
+               **cross_check(runs[a_fw].loss, runs[b_fw].loss, runs[a_fw].grads, runs[b_fw].grads, scale, dtype)}
+        if parse_plan(name).name == "none":
+            refs = runs
+            row["ynn_fusions"] = _ynn_fusions(cfg, name, tokens)
+            other = [m for m in FRAMEWORKS[a_fw].modes if m != FRAMEWORKS[a_fw].measured_mode]
+            if eager and variant == "float32" and other:  # op by op costs seconds per step: float32 only
+                e = loss_and_grads(a_fw, cfg, params, tokens, name, mode=other[0])
+                row["eager"] = {f"loss_{a_fw}": float(e.loss), f"{a_fw}_digest": digest(e),
+                                **cross_check(e.loss, runs[b_fw].loss, e.grads, runs[b_fw].grads, scale, dtype)}
         else:
-            row["jax_vs_none"] = _bitwise(j, refs["jax"])
-            row["torch_vs_none"] = _bitwise(t, refs["torch"])
+            row.update({f"{fw}_vs_none": _bitwise(runs[fw], refs[fw]) for fw in FRAMEWORK_NAMES})
         row["wall_s"] = time.perf_counter() - t0
         out["schedules"].append(row)
     return out
@@ -173,16 +120,13 @@ def run_variant(preset, variant: str, schedules, eager: bool) -> dict:
 
 def main(spec: dict) -> dict:
     """Run ``spec`` in this process (its environment already set); the result object."""
-    import torch
-
-    torch.set_num_threads(int(spec["threads"]))
+    backends = {}
+    for fw in FRAMEWORK_NAMES:  # thread counts first, before any kernel runs
+        backends.update(get_framework(fw).backend_info(threads=int(spec["threads"])))
     preset = get_preset(spec["model"])
-    result = {"spec": spec, "aten_capability": torch.backends.cpu.get_cpu_capability(),
-              "torch_threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0)),
-              "xla_flags": os.environ.get("XLA_FLAGS", ""), "mkl_cbwr": os.environ.get("MKL_CBWR"),
-              "xla_vector_registers": xla_vector_registers(), "variants": []}
-    for variant, schedules in spec["variants"].items():
-        result["variants"].append(run_variant(preset, variant, schedules, bool(spec.get("eager"))))
+    result = {"spec": spec, **backends, "cpus": sorted(os.sched_getaffinity(0)), "variants": []}
+    for variant, plans in spec["variants"].items():
+        result["variants"].append(run_variant(preset, variant, plans, bool(spec.get("eager"))))
     return result
 
 

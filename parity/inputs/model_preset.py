@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from jaxremat.models import TransformerConfig
 
@@ -34,9 +34,10 @@ class ModelPreset:
         hparams: optimizer of the trained-weights check (None: :class:`AdamWConfig` defaults).
         eager_dropouts: dropout rates at which JAX also runs op by op (None: every rate).
         repeats: the preset's default ``--repeats`` (None: 5).
-        jax_min_checkpoint_length: the shortest checkpointed segment a budget plan may have in JAX
-            (:func:`jaxremat.spec.planner.plan_for_budget`'s ``min_checkpoint_length``): 2 where
-            one-block checkpointed segments are not bitwise under ``jit`` at this model.
+        min_checkpoint_length: per framework name, the shortest checkpointed segment a budget plan may
+            have there (:func:`jaxremat.spec.planner.plan_for_budget`'s ``min_checkpoint_length``; 1
+            where a framework is not named): 2 where one-block checkpointed segments are not bitwise
+            under ``jit`` at this model.
     """
 
     name: str
@@ -50,4 +51,4 @@ class ModelPreset:
     hparams: Optional[AdamWConfig] = None
     eager_dropouts: Optional[tuple[float, ...]] = None
     repeats: Optional[int] = None
-    jax_min_checkpoint_length: int = 1
+    min_checkpoint_length: Mapping[str, int] = dataclasses.field(default_factory=dict)

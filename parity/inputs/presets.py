@@ -47,7 +47,7 @@ PRESETS: dict[str, ModelPreset] = {
             repeats=2,
             # the planner leaves one-block checkpointed segments out of its JAX space, for the same reason
             # (plan(1+save_dots,5:store) measured 262144 ULP under jit, bitwise op by op)
-            jax_min_checkpoint_length=2,
+            min_checkpoint_length={"jax": 2},
         ),
     )
 }

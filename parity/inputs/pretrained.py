@@ -94,6 +94,18 @@ def _load(path: Path, dtype: str) -> tuple[TransformerConfig, dict[str, np.ndarr
     return load_hf_checkpoint(path, dtype=dtype)
 
 
+def preset_batches(preset, dtype: str, seed: int, steps: int) -> tuple[TransformerConfig, dict, list[np.ndarray]]:
+    """``(cfg, params, batches)`` of a fine-tuning run: the preset's weights (seed ``seed`` for random ones)
+    and ``steps`` batches of its shape, batch ``s`` the data's batch ``seed + s`` (a fixed data order).
+
+    Raises:
+        ValueError: as :func:`preset_inputs`.
+    """
+    cfg, params, first = preset_inputs(preset, dtype, seed)
+    batches = [first] + [preset_inputs(preset, dtype, seed + s)[2] for s in range(1, steps)]
+    return cfg, params, batches
+
+
 def preset_inputs(preset, dtype: str, seed: int) -> tuple[TransformerConfig, dict, np.ndarray]:
     """``(cfg, params, tokens)`` of a preset in ``dtype`` (cfg keeps the preset's dropout).
 

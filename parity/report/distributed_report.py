@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
+
+from parity.report.format import fmt_bit, fmt_bytes, md_table
+
 MESH_COLUMNS = ("plan", "status", "grads bitwise", "weights bitwise", "max ULP", "exception", "ref ok", "ref err",
                 "params/dev", "pred", "grads/dev", "opt/dev", "act/dev", "act pred", "act/none", "peak/dev")
 
@@ -25,7 +28,7 @@ def title(section: dict) -> str:
     """A mesh section's title, e.g. ``jax fsdp=4 (fully_sharded), 2 processes``."""
     p = section.get("processes", 1)
     return (f"{section['framework']} {section['mesh']} ({section['layout']})"
-            + (f", {p} processes" if section["framework"] == "jax" and p > 1 else ""))
+            + (f", {p} processes" if p > 1 else ""))
 
 
 def probe_line(section: dict) -> str | None:
@@ -55,7 +58,7 @@ def one_process_line(section: dict) -> str | None:
     for plan, f in facts.items():
         b = f.get("bound_eps") or {}
         bounds = " / ".join("-" if b.get(k) is None else f"{b[k]:g}" for k in ("loss", "grads", "trained"))
-        text = (f"same HLO {_bit(f.get('same_hlo'))}, probes differ {_bit(f.get('probes_differ'))}, "
+        text = (f"same HLO {fmt_bit(f.get('same_hlo'))}, probes differ {fmt_bit(f.get('probes_differ'))}, "
                 f"loss {eps(f.get('loss_eps'))} eps, gradients {eps(f.get('grads_eps'))} eps, "
                 f"trained weights {eps(f.get('trained_eps'))} eps (bounds {bounds} eps)")
         groups.setdefault(text, []).append(plan)
@@ -63,18 +66,12 @@ def one_process_line(section: dict) -> str | None:
             "relative per tensor to its largest entry; exception `collective-summation-order` needs all of these): "
             + "; ".join(f"{', '.join(f'`{p}`' for p in plans)}: {text}" for text, plans in groups.items()) + ".")
 
-def _mib(n) -> str:
-    return "-" if n is None else f"{n / 2**20:.2f} MiB"
-
-
-def _bit(x) -> str:
-    return "-" if x is None else ("yes" if x else "NO")
 
 
 def mesh_rows(section: dict) -> list[list[str]]:
     """One mesh section's rows as display strings, in :func:`columns` order."""
     rows = section["rows"]
-    none_act = next((r["memory"]["activation_bytes"] for r in rows if r["schedule"] == "none" and r.get("memory")), None)
+    none_act = next((r["memory"]["activation_bytes"] for r in rows if r["plan"] == "none" and r.get("memory")), None)
     out = []
     for r in rows:
         m = r.get("memory") or {}
@@ -82,21 +79,18 @@ def mesh_rows(section: dict) -> list[list[str]]:
         act = m.get("activation_bytes")
         ratio = "-" if not act or not none_act else f"{act / none_act:.2f}"
         err = r.get("reference_err")
-        out.append([r["schedule"], r["status"], _bit(r.get("grads_bitwise")), _bit(r.get("weights_bitwise")),
-                    str(r.get("max_ulp", 0)), r.get("exception") or "-", _bit(r.get("reference_ok")),
-                    "-" if err is None else f"{err:.1e}", _mib(m.get("params_bytes")), _mib(pred.get("params_bytes")),
-                    _mib(m.get("grads_bytes")), _mib(m.get("opt_state_bytes")), _mib(act),
-                    _mib(pred.get("activation_bytes")), ratio, _mib(m.get("peak_bytes"))])
+        out.append([r["plan"], r["status"], fmt_bit(r.get("grads_bitwise")), fmt_bit(r.get("weights_bitwise")),
+                    str(r.get("max_ulp", 0)), r.get("exception") or "-", fmt_bit(r.get("reference_ok")),
+                    "-" if err is None else f"{err:.1e}", fmt_bytes(m.get("params_bytes")), fmt_bytes(pred.get("params_bytes")),
+                    fmt_bytes(m.get("grads_bytes")), fmt_bytes(m.get("opt_state_bytes")), fmt_bytes(act),
+                    fmt_bytes(pred.get("activation_bytes")), ratio, fmt_bytes(m.get("peak_bytes"))])
         if section.get("processes", 1) > 1:
             ulp = r.get("one_process_max_ulp")
-            out[-1] += [_bit(r.get("one_process_bitwise")), "-" if ulp is None else str(ulp),
+            out[-1] += [fmt_bit(r.get("one_process_bitwise")), "-" if ulp is None else str(ulp),
                         r.get("one_process_exception") or "-"]
     return out
 
 
-def _md_table(columns, rows) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def counts(report: dict) -> tuple[int, int]:
@@ -124,10 +118,9 @@ def markdown_sections(report: dict) -> list[str]:
                   "127.0.0.1, CPU collectives over gloo; the path that spans hosts): its section checks each plan "
                   "against `none` of the same processes and, in `vs 1 process`, against the same plan on the same "
                   "mesh in one process, byte for byte.", ""]
-    if d.get("torch_status") and d["torch_status"] != "ran":
-        parts += [f"PyTorch: {d['torch_status']}", ""]
+    parts += [line for why in (d.get("not_run") or {}).values() for line in (why, "")]
     for m in d["meshes"]:
-        parts += [f"### {title(m)}", "", _md_table(columns(m), mesh_rows(m)), ""]
+        parts += [f"### {title(m)}", "", md_table(columns(m), mesh_rows(m)), ""]
         if probe_line(m):
             parts += [probe_line(m), ""]
         if one_process_line(m):
@@ -135,15 +128,15 @@ def markdown_sections(report: dict) -> list[str]:
         if m.get("full_batch_err") is not None:
             parts += [f"Full-batch single-device gradient vs this mesh's `none`: max rel err {m['full_batch_err']:.2e} "
                       f"(summation order; not the reference). Mean-of-shards reference bitwise: "
-                      f"{_bit(m.get('reference_bitwise'))}.", ""]
-    exc = sorted({(title(m), r["schedule"], e) for m in d["meshes"] for r in m["rows"]
+                      f"{fmt_bit(m.get('reference_bitwise'))}.", ""]
+    exc = sorted({(title(m), r["plan"], e) for m in d["meshes"] for r in m["rows"]
                   for e in (r.get("exception"), r.get("one_process_exception")) if e})
     if exc:
         parts += ["Exceptions (not bitwise, measured and explained in docs/sharding.md):", ""]
         parts += [f"- {t} {s}: `{e}`" for t, s, e in exc] + [""]
     errors = [r for m in d["meshes"] for r in m["rows"] if r["status"] == "error"]
-    parts += [f"- error {r['framework']} {r['mesh']} {r['schedule']}: `{r['error']}`" for r in errors]
-    failed = [(title(m), r["schedule"]) for m in d["meshes"] for r in m["rows"] if r["status"] == "fail"]
+    parts += [f"- error {r['framework']} {r['mesh']} {r['plan']}: `{r['error']}`" for r in errors]
+    failed = [(title(m), r["plan"]) for m in d["meshes"] for r in m["rows"] if r["status"] == "fail"]
     parts += [f"- failed {t} {s}" for t, s in failed]
     return parts
 
@@ -158,6 +151,5 @@ def print_mesh_tables(report: dict, console) -> None:
         for r, row in zip(m["rows"], mesh_rows(m)):
             t.add_row(*map(Text, row), style=None if r["status"] == "pass" else "red")
         console.print(t)
-    status = report["distributed"].get("torch_status")
-    if status and status != "ran":
-        console.print(Text(status))
+    for why in (report["distributed"].get("not_run") or {}).values():
+        console.print(Text(why))

@@ -9,13 +9,13 @@ importing them), and the devices each framework of the run computes on (:func:`d
 
 from __future__ import annotations
 
-# Deferred imports: the frameworks are imported only to read their versions and devices, when a report is
-# written.
+# Deferred imports: psutil is optional; it is imported where the available memory is read.
 
 import os
 import platform
-import sys
 from importlib import metadata
+
+from parity.runners.framework import get_framework
 
 LIBRARIES = ("jax", "jaxlib", "flax", "torch", "numpy", "rich", "safetensors", "tokenizers")
 
@@ -44,30 +44,13 @@ def library_versions() -> dict[str, str | None]:
     return out
 
 
-def devices(frameworks=(), torch_device: str = "cpu") -> dict[str, list[str]]:
-    """The devices each of ``frameworks`` computes on, e.g. ``{"jax": ["cpu: cpu"], "torch": ["cpu"]}``.
-
-    JAX: ``platform: device_kind`` of each ``jax.devices()`` entry (read only when jax is already
-    imported, i.e. its backend started). PyTorch: ``torch_device`` (the parity runners compute
-    on ``"cpu"``); for ``"cuda"``, the names of the CUDA devices.
-    """
-    out: dict[str, list[str]] = {}
-    jax = sys.modules.get("jax")
-    if "jax" in frameworks and jax is not None:
-        try:
-            out["jax"] = [f"{d.platform}: {d.device_kind}" for d in jax.devices()]
-        except Exception:  # a backend that cannot start is refused earlier (cli_checks.check_jax_platform)
-            out["jax"] = []
-    if "torch" in frameworks and torch_device == "cuda":
-        import torch
-
-        out["torch"] = [f"cuda: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
-    elif "torch" in frameworks:
-        out["torch"] = [torch_device]
-    return out
+def devices(frameworks=(), on_gpu: bool = False) -> dict[str, list[str]]:
+    """The devices each of ``frameworks`` computes on, e.g. ``{"jax": ["cpu: cpu"], "torch": ["cpu"]}``
+    (:meth:`parity.runners.framework.Framework.devices`; ``on_gpu``: the run computes on the GPU)."""
+    return {fw: get_framework(fw).devices(on_gpu) for fw in frameworks}
 
 
-def environment_info(frameworks=(), torch_device: str = "cpu") -> dict:
+def environment_info(frameworks=(), on_gpu: bool = False) -> dict:
     """The machine, the library versions and the devices of ``frameworks`` (:func:`devices`), for
     a report (all strings and numbers)."""
     try:
@@ -79,7 +62,7 @@ def environment_info(frameworks=(), torch_device: str = "cpu") -> dict:
         "cpu_count": os.cpu_count(), "load_average_1_5_15min": load,
         "memory_available_bytes": available_memory_bytes(),
         "python": platform.python_version(), "versions": library_versions(),
-        "jax_platforms": os.environ.get("JAX_PLATFORMS"), "devices": devices(frameworks, torch_device),
+        "jax_platforms": os.environ.get("JAX_PLATFORMS"), "devices": devices(frameworks, on_gpu),
     }
 
 

@@ -42,15 +42,21 @@ from jaxremat.spec import parse_plan, parse_schedule
 from parity.report.browser import missing, screenshot
 from parity.report.files import atomic_write, json_safe
 from parity.report.html_model import DEFAULT_BATCHES, DEFAULT_MAX_DEPTH, DEFAULT_SEQS, model_data
+from parity.runners.framework import FRAMEWORK_NAMES
 
 HTML_NAME = "report.html"
-SOURCES = ("report.json", "sweep.json", "plan.json")
+SOURCES = ("report.json", "sweep.json", "plan.json", "finetune.json")
+MIN_SCHEMA = {"run": 6, "sweep": 4, "plan": 2, "finetune": 1}
+"""The oldest schema of each report the page reads: the ones whose cases start with the same fields
+(:data:`parity.cases.record.BASE_FIELDS`)."""
 
 
 def report_kind(report: dict) -> str:
-    """``"plan"``, ``"sweep"`` or ``"run"``: which command wrote ``report``."""
+    """``"plan"``, ``"sweep"``, ``"finetune"`` or ``"run"``: which command wrote ``report``."""
     if "plan_rows" in report:
         return "plan"
+    if report.get("command") == "finetune":
+        return "finetune"
     return "sweep" if "slopes" in report or "depths" in report else "run"
 
 
@@ -88,14 +94,11 @@ def measured_points(report: dict) -> list[dict]:
         if c.get("error") or c.get("status") == "error" or (c.get("saved_bytes") is None
                                                               and c.get("peak_activation_bytes") is None):
             continue
-        text = c.get("plan") or c.get("schedule")
-        sched, pol = _plan_parts(text)
+        sched, pol = _plan_parts(c["plan"])
         sv = c.get("saving") or {}
         out.append({
-            "framework": c["framework"], "mode": c.get("mode") or ("jit" if c["framework"] == "jax" else "eager"),
-            "dtype": c.get("dtype") or (report.get("config") or {}).get("dtype"),
-            "n_layer": c.get("n_layer") or (report.get("config") or {}).get("n_layer"),
-            "label": c.get("variant") and f"{c['variant']}: {text}" or text, "schedule": sched, "policy": pol,
+            "framework": c["framework"], "mode": c["mode"], "dtype": c["dtype"], "n_layer": c["n_layer"],
+            "label": c.get("variant") and f"{c['variant']}: {c['plan']}" or c["plan"], "schedule": sched, "policy": pol,
             "batch": report.get("batch_size"), "seq": report.get("seq_len"),
             "saved_bytes": c.get("saved_bytes"), "peak_activation_bytes": c.get("peak_activation_bytes"),
             "predicted_saved_bytes": c.get("predicted_saved_bytes"),
@@ -137,10 +140,12 @@ def page_data(report: dict) -> dict:
     kind, cfg = report_kind(report), _config(report)
     points = measured_points(report)
     data = {"kind": kind, "title": _title(report, kind), "points": points, "model": None, "curves": [],
-            "cross_framework": [[x.get("dtype"), x.get("schedule"), x.get("loss_err", x.get("max_rel_err_loss")),
-                                 x.get("tolerance_loss", x.get("tolerance")), x.get("max_rel_err_grads"),
-                                 x.get("tolerance"), bool(x.get("ok"))] for x in report.get("cross_framework") or []],
+            "cross_framework": [[x["dtype"], x["plan"], x["loss_err"], x["tolerance_loss"], x["max_rel_err_grads"],
+                                 x["tolerance"], bool(x["ok"])] for x in report.get("cross_framework") or []],
             "plan_rows": _plan_points(report), "compiled": _compiled_points(report),
+            "line_dash": {fw: "solid" if i == 0 else "dash" for i, fw in enumerate(FRAMEWORK_NAMES)},
+            "loss_curves": [{"framework": c["framework"], "plan": c["plan"], "dropout": c["dropout"],
+                             "losses": c["losses"]} for c in report.get("cases") or [] if c.get("losses")],
             "defaults": {"batch": report.get("batch_size"), "seq": report.get("seq_len"),
                          "n_layer": (report.get("config") or {}).get("n_layer")}}
     if _modelled(cfg):
@@ -148,7 +153,7 @@ def page_data(report: dict) -> dict:
         batches = sorted({*DEFAULT_BATCHES, report.get("batch_size") or 1})
         seqs = sorted({*DEFAULT_SEQS, report.get("seq_len") or 16})
         policies = ["save_nothing"] + sorted({p["policy"] for p in points} - {"save_nothing"})
-        frameworks = [f for f in ("jax", "torch") if f in {p["framework"] for p in points}] or ["jax", "torch"]
+        frameworks = [f for f in FRAMEWORK_NAMES if f in {p["framework"] for p in points}] or list(FRAMEWORK_NAMES)
         data["model"] = model_data(cfg, frameworks=tuple(frameworks), batches=tuple(batches), seqs=tuple(seqs),
                                    max_depth=deepest, policies=tuple(policies))
         data["curves"] = _depth_curves(report, cfg, points, max(deepest, 16))
@@ -176,7 +181,8 @@ def _compiled_points(report: dict) -> list[dict]:
 
 
 def _title(report: dict, kind: str) -> str:
-    what = {"run": "Parity report", "sweep": "Depth sweep", "plan": "Memory-budget plans"}[kind]
+    what = {"run": "Parity report", "sweep": "Depth sweep", "plan": "Memory-budget plans",
+            "finetune": "Fine-tuning under every plan"}[kind]
     return f"{what}: {report.get('model') or 'gpt'}" + (f" ({report['suite']} suite)" if report.get("suite") else "")
 
 
@@ -215,7 +221,13 @@ def load_report(directory: Path) -> dict:
     """
     for name in SOURCES:
         if (Path(directory) / name).is_file():
-            return json.loads((Path(directory) / name).read_text(encoding="utf-8"))
+            report = json.loads((Path(directory) / name).read_text(encoding="utf-8"))
+            wanted = MIN_SCHEMA[report_kind(report)]
+            if not isinstance(report.get("schema"), int) or report["schema"] < wanted:
+                raise ValueError(f"{Path(directory) / name} is schema {report.get('schema')!r}, written by an older "
+                                 f"version; this page reads schema {wanted} and later (docs/report-schema.md): run "
+                                 "the command that wrote it again")
+            return report
     raise FileNotFoundError(f"{directory} holds none of {', '.join(SOURCES)}; pass the --out directory of "
                             "python -m parity run, sweep or plan")
 
@@ -254,7 +266,7 @@ def main(argv=None) -> int:
         print(f"error: a report in {args.directory} is not valid JSON ({exc}); rerun the command that wrote it",
               file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {path}")

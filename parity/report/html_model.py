@@ -32,6 +32,8 @@ from jaxremat.models.config import TransformerConfig
 from jaxremat.models.gpt import activation as am
 from jaxremat.spec import parse_policy, parse_schedule, peak_units, recomputed_blocks
 
+from parity.runners.framework import FRAMEWORK_NAMES
+
 SCHEDULE_KINDS = ("none", "full", "every_k", "sqrt", "segments", "nested")
 """The page's schedule menu; ``every_k`` and ``segments`` take the page's k / s; ``nested`` is
 ``nested(sqrt,sqrt)`` (sqrt segments, each recomputed under sqrt segments of its own)."""
@@ -83,6 +85,7 @@ def account_terms(framework: str, cfg: TransformerConfig, batch: int, seq: int) 
         "unit": am.layer_bytes(framework, cfg, batch, seq),
         "boundary": am.boundary_bytes(cfg, batch, seq),
         "invariant": am.stack_invariant_bytes(framework, cfg, batch, seq),
+        "chain_invariant": am.chain_invariant_bytes(framework, cfg, batch, seq),
         "outside": sum(t.bytes for t in am.outside_tensors(framework, cfg, batch, seq)),
         "non_stack": am.non_stack_peak_bytes(framework, cfg, batch, seq),
         "block_flops": block_forward_flops(cfg, batch, seq),
@@ -120,7 +123,7 @@ def schedule_grid(max_depth: int, policies: tuple[str, ...]) -> dict:
     return grid
 
 
-def model_data(cfg: TransformerConfig, *, frameworks=("jax", "torch"), batches=DEFAULT_BATCHES, seqs=DEFAULT_SEQS,
+def model_data(cfg: TransformerConfig, *, frameworks=FRAMEWORK_NAMES, batches=DEFAULT_BATCHES, seqs=DEFAULT_SEQS,
                max_depth: int = DEFAULT_MAX_DEPTH, policies=("save_nothing",)) -> dict:
     """Everything the page's live part reads (module doc), as JSON-ready data.
 

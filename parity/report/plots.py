@@ -6,6 +6,7 @@
 * :func:`plot_frontier` -- step-time overhead against peak activation memory saved, one point per
   plan (schedule and policy) and framework, the Pareto frontier drawn per framework.
 * :func:`plot_block_bytes` -- one block's saved bytes by activation name, JAX and PyTorch side by side.
+* :func:`plot_loss_curves` -- the fine-tuning run's loss per step, per plan and framework.
 
 Each file is written atomically (a temporary PNG next to it, then ``os.replace``).
 """
@@ -140,7 +141,8 @@ def plot_budget_frontier(report: dict, path: Path) -> Path:
     """``python -m parity plan --frontier``: recompute FLOPs and step-time ratio against measured peak
     activation bytes, one point per budget: the planner's plan, the best uniform plan, and (PyTorch)
     ``torch.compile`` at the same ``activation_memory_budget``; every point is measured (peak and time),
-    the FLOPs are the menu's count (the compiled points': FlopCounterMode's). Returns ``path``."""
+    the FLOPs are the menu's count (the compiled points': FlopCounterMode's). A compiled point that
+    failed its gradient check (``error`` set) is drawn apart, in grey, never on the line. Returns ``path``."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     colors = {"jax": "C0", "torch": "C1"}
     for who, marker, fill in (("planner", "o", True), ("uniform", "s", False)):
@@ -171,6 +173,11 @@ def plot_budget_frontier(report: dict, path: Path) -> Path:
         timed = [p for p in comp if p.get("time_overhead") is not None]
         axes[1].plot([p["peak_activation_bytes"] / 2**20 for p in timed], [p["time_overhead"] for p in timed],
                      marker="x", color="C3", linestyle=":", label=label)
+    wrong = [p for p in report.get("compiled") or [] if p.get("error") and p.get("peak_activation_bytes")
+             and p.get("recompute_flops") is not None]  # measured, but failed its gradient check: no option
+    if wrong:
+        axes[0].scatter([p["peak_activation_bytes"] / 2**20 for p in wrong], [p["recompute_flops"] / 1e6 for p in wrong],
+                        marker="X", color="0.6", label="torch.compile: gradients wrong vs eager none (not an option)")
     axes[0].set_ylabel("recompute per step (MFLOP)")
     axes[1].set_ylabel("step time / none's step time (measured)")
     for ax in axes:
@@ -178,4 +185,28 @@ def plot_budget_frontier(report: dict, path: Path) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"remat plans for a memory budget: {report.get('model')}")
+    return _save(fig, path)
+
+
+def plot_loss_curves(report: dict, path: Path) -> Path:
+    """The fine-tuning run's loss at every step, one line per plan and framework (and dropout rate); returns ``path``.
+
+    Plans that are bitwise equal to ``none`` draw on top of it: the figure shows one line per framework
+    and rate when remat changed nothing, as it must.
+    """
+    fig, ax = plt.subplots(figsize=(9, 5))
+    plans = list(dict.fromkeys(c["plan"] for c in report["cases"]))
+    colors = {p: f"C{i}" for i, p in enumerate(plans)}
+    for c in report["cases"]:
+        if not c.get("losses"):
+            continue
+        steps = list(range(1, len(c["losses"]) + 1))
+        dashed = "--" if c["dropout"] == 0 else _STYLE.get(c["framework"], "-")
+        ax.plot(steps, c["losses"], dashed, marker=_MARK.get(c["framework"], "o"), markersize=3, color=colors[c["plan"]],
+                label=f"{c['framework']} {c['plan']} dropout {c['dropout']:g}", alpha=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"fine-tuning {report['model']}: loss per step (remat plans overlap none bit for bit)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)

@@ -53,15 +53,16 @@ function predict(s) {
   for (const g of segs) stack += g.ckpt ? acc.boundary : g.length * acc.unit;
   if (segs.some(g => !g.ckpt)) stack += acc.invariant;
   out.saved_bytes = acc.outside + stack;
-  const chain = chainPeak(segs, acc.unit, acc.boundary, s.framework === "jax" ? acc.invariant : 0);
+  const chain = chainPeak(segs, acc.unit, acc.boundary, acc.chain_invariant);
   out.peak_activation_bytes = acc.non_stack + Math.max(chain, stack);
   return out;
 }
 window.jaxrematModel = {predict, scheduleText};
 
+// the measured points of one control setting: the same value of every key in keys
+function sameAt(p, s, keys) { return keys.every(k => p[k] === s[k]); }
 function measuredFor(s, name) {
-  return D.points.filter(p => p.framework === s.framework && p.n_layer === s.n_layer && p.schedule === name &&
-                         p.policy === s.policy && p.batch === s.batch && p.seq === s.seq &&
+  return D.points.filter(p => sameAt(p, s, ["framework", "n_layer", "policy", "batch", "seq"]) && p.schedule === name &&
                          (!M || p.dtype === M.config.dtype));
 }
 
@@ -184,8 +185,8 @@ function drawLiveDepth(s) {
   const name = scheduleText(s.kind, s.param);
   const traces = [{x: xs, y: saved, name: `${name}: saved, predicted`, mode: "lines"},
                   {x: xs, y: peak, name: `${name}: peak activation, predicted`, mode: "lines"}];
-  const meas = D.points.filter(p => p.framework === s.framework && p.batch === s.batch && p.seq === s.seq &&
-    p.policy === s.policy && (M.schedules[p.n_layer] || {})[name] && p.schedule === M.schedules[p.n_layer][name].name);
+  const meas = D.points.filter(p => sameAt(p, s, ["framework", "batch", "seq", "policy"]) &&
+    (M.schedules[p.n_layer] || {})[name] && p.schedule === M.schedules[p.n_layer][name].name);
   if (meas.length) {
     traces.push({x: meas.map(m => m.n_layer), y: meas.map(m => mib(m.saved_bytes)), name: "saved, measured",
                  mode: "markers", marker: {...MEASURED, symbol: "square"}, text: meas.map(m => m.mode)});
@@ -211,7 +212,7 @@ function buildStatic() {
     const div = section("Peak activation vs depth, per schedule, both frameworks",
       "Lines: the per-layer model's prediction at the report's batch and sequence length (predicted). Markers: measured.");
     const traces = D.curves.map(c => ({x: c.depths, y: c.peak_activation_bytes.map(v => mib(v)), mode: "lines",
-      name: `${c.framework} ${c.schedule} (predicted)`, line: {dash: c.framework === "torch" ? "dash" : "solid"}}));
+      name: `${c.framework} ${c.schedule} (predicted)`, line: {dash: D.line_dash[c.framework] || "dash"}}));
     const groups = {};
     for (const p of pts) (groups[`${p.framework} ${p.mode} ${p.label}`] ||= []).push(p);
     for (const [k, g] of Object.entries(groups))
@@ -254,6 +255,13 @@ function buildStatic() {
                name: "torch.compile activation_memory_budget (measured)"});
     Plotly.newPlot(div4, tr, {xaxis: {title: {text: "peak activation (MiB), measured"}},
       yaxis: {title: {text: "recompute (GFLOP per step)"}}}, PLOT_CONFIG);
+  }
+  if (D.loss_curves && D.loss_curves.length) {
+    const div5 = section("Fine-tuning: loss per step, per plan and framework",
+      "Every plan's curve lies on none's when remat changed no bit (the case table says whether it did).");
+    Plotly.newPlot(div5, D.loss_curves.map(c => ({x: c.losses.map((_, i) => i + 1), y: c.losses, mode: "lines+markers",
+      name: `${c.framework} ${c.plan} dropout ${c.dropout}`, line: {dash: c.dropout === 0 ? "dot" : (D.line_dash[c.framework] || "dash")}})),
+      {xaxis: {title: {text: "step"}}, yaxis: {title: {text: "loss"}}, legend: {font: {size: 10}}}, PLOT_CONFIG);
   }
   if (D.cross_framework.length) {
     const host = document.getElementById("static");

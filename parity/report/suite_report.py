@@ -10,10 +10,12 @@ never console markup (a ``[name]`` in a value is printed as it is).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -21,7 +23,9 @@ from rich.text import Text
 
 from jaxremat.models import get_model, registered_models
 
+from parity.checks.predictions import GAP_LIMIT
 from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
+from parity.report.format import fmt_bit, fmt_bytes, fmt_gap, fmt_range, fmt_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
 
 from parity.checks.verdict import report_passed
@@ -29,8 +33,10 @@ from parity.report import distributed_report
 
 REPORT_FILES = ("report.json", "report.md", HTML_NAME)
 
-SCHEMA_VERSION = 5
-"""report.json schema: 5 lets a segment plan's case list its policies (``policy`` joined by ``,``;
+SCHEMA_VERSION = 6
+"""report.json schema: 6 starts every case with the same fields (:data:`parity.cases.record.BASE_FIELDS`:
+the plan's name is ``plan``, no longer ``schedule``, in cases, cross-framework rows and distributed rows;
+budget cases are ``budget(50%)``); 5 lets a segment plan's case list its policies (``policy`` joined by ``,``;
 ``block_names``/``expected_names`` one entry per policy); 4 names each quantity once
 (``saved_bytes``, ``saved_ratio``); 3 wrote non-finite floats as strings and added environment and
 timing spreads (docs/report-schema.md)."""
@@ -63,7 +69,7 @@ def writable_dir(out: Path) -> Path:
 
 
 def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_FILES) -> str | None:
-    """Create ``out`` if needed (:func:`writable_dir`) and keep a previous report (``files``); return a message
+    """Keep a previous report (``files``) in ``out``, a folder :func:`writable_dir` checked; return a message
     about what was kept. With ``overwrite`` nothing is kept: the report's files are rewritten by the new
     run, and a folder among ``files`` (a name ending in ``/``: the distributed suite's ``distributed/``) is removed first, with the
     previous report's files that point into it, but only when the folder carries :data:`SUITE_MARKER`
@@ -74,7 +80,6 @@ def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_
             folder name among ``files`` is taken by something the suite did not write (a file, a link,
             a folder without the marker), or cannot be removed.
     """
-    writable_dir(out)
     existing = [f for f in files if (out / f).exists() or (out / f).is_symlink()]
     folders = [f for f in files if f.endswith("/")]  # the suite's folders ("distributed/"); the rest are files
     if overwrite:  # a folder of the previous report goes whole (its files would mix with the new run's)
@@ -109,20 +114,6 @@ def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_
     return f"previous report kept in {keep} (use --overwrite to replace it instead)"
 
 
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _fmt_ratio(x) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
 def _block_name_entries(case: dict) -> list[tuple[str, dict, bool | None]]:
     """``[(policy, measured block names, as declared)]`` of one case: one entry, or one per policy of a
     segment plan (whose ``block_names`` is a list of ``{"policy": name, ...}``)."""
@@ -136,53 +127,104 @@ def _block_name_entries(case: dict) -> list[tuple[str, dict, bool | None]]:
              and n["offloaded"] == expected.get(n["policy"], {}).get("offloaded")) for n in names]
 
 
-def _bit(x) -> str:
-    return "-" if x is None else ("yes" if x else "NO")
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column of the case table: its header, the case field it shows, how, and what it means.
+
+    Attributes:
+        header: the column's title.
+        key: the case field shown (``case.get(key)``), or a function of the whole case.
+        fmt: value -> display string.
+        doc: one sentence for the legend of report.md (empty: the column needs none).
+        left: left-aligned in the terminal (text columns); numbers are right-aligned.
+    """
+
+    header: str
+    key: str | Callable[[dict], object]
+    fmt: Callable[[object], str] = str
+    doc: str = ""
+    left: bool = False
+
+    def cell(self, case: dict) -> str:
+        """The column's display string for ``case``."""
+        return self.fmt(self.key(case) if callable(self.key) else case.get(self.key))
 
 
-CASE_COLUMNS = ("framework", "mode", "dtype", "schedule", "status", "grads bitwise", "weights bitwise",
-                "reverse loop", "max ULP", "names as declared", "saved", "saved/none", "saved pred", "offloaded", "peak",
-                "peak/none", "peak act", "peak act pred", "peak act/none", "units/none",
-                "recomputed", "step ms", "time/none", "time/none range")
+def _gap(g) -> str:
+    return fmt_gap(g, GAP_LIMIT)
 
 
-def _fmt_gap(g) -> str:
-    """A prediction's relative gap to the measurement; '!' marks one above 10%."""
-    if g is None:
-        return "-"
-    return f"{g:+.0%}" + (" !" if abs(g) > 0.10 else "")
-
-
-def _fmt_saving(sv: dict | None) -> str:
+def _saving(sv: dict | None) -> str:
     """Measured peak activation over none's; ' NO' when a promised saving is not realized."""
     if not sv or sv.get("peak_activation_ratio") is None:
         return "-"
     return f"{sv['peak_activation_ratio']:.2f}" + (" NO" if sv.get("realized") is False else "")
 
 
-def _schedule_label(c: dict) -> str:
-    return c["schedule"] if not c.get("variant") else f"{c['variant']}: {c['schedule']}"
+def _plan_label(c: dict) -> str:
+    return c["plan"] if not c.get("variant") else f"{c['variant']}: {c['plan']}"
+
+
+def _ms(t) -> str:
+    return "-" if t is None else f"{1e3 * t:.1f}"
+
+
+CASE_COLUMNS: tuple[Column, ...] = (
+    Column("framework", "framework", left=True),
+    Column("mode", "mode", left=True),
+    Column("dtype", "dtype", left=True),
+    Column("plan", _plan_label, left=True),
+    Column("status", "status", left=True),
+    Column("grads bitwise", "grads_bitwise_equal", fmt_bit,
+           "the loss and every parameter gradient have the same raw bytes as under `none` in the same framework and "
+           "mode (the `none` row compares two runs of itself: determinism)"),
+    Column("weights bitwise", "weights_bitwise_equal", fmt_bit, "so do the weights after the optimizer steps"),
+    Column("reverse loop", "reverse_loop_bitwise_equal", fmt_bit,
+           "an independent hand-rolled reverse segment loop gives the same gradient bytes"),
+    Column("max ULP", "max_ulp", lambda v: "-" if v is None else str(v),
+           "where bytes differ, the largest distance in units in the last place"),
+    Column("names as declared", "names_ok", fmt_bit,
+           "one checkpointed block keeps exactly the activation names its policy declares (see below)"),
+    Column("saved", "saved_bytes", fmt_bytes,
+           "activation bytes kept for the backward pass in device memory (parameters excluded)"),
+    Column("saved/none", "saved_ratio", fmt_ratio),
+    Column("saved pred", "saved_gap", _gap,
+           f"the per-layer model's prediction of `saved`, as a relative gap (`!` above {GAP_LIMIT:.0%})"),
+    Column("offloaded", "offloaded_bytes", lambda v: "-" if not v else fmt_bytes(v),
+           "bytes a policy moved to host memory instead"),
+    Column("peak", "peak_bytes", fmt_bytes, "peak bytes of one training step (source per case in report.json)"),
+    Column("peak/none", "peak_ratio", fmt_ratio),
+    Column("peak act", "peak_activation_bytes", fmt_bytes,
+           "measured peak less parameters, gradients and optimizer state"),
+    Column("peak act pred", "peak_gap", _gap, "its prediction's gap"),
+    Column("peak act/none", "saving", _saving,
+           "the measured peak activation over `none`'s (`NO`: the plan promises a saving, keeping fewer "
+           "activations, and does not realize it: status `no_saving`)"),
+    Column("units/none", "predicted_unit_ratio", fmt_ratio,
+           "the chain model's peak units (segments + longest segment) over `none`'s"),
+    Column("recomputed", "recomputed_blocks", str, "block forwards recomputed per step"),
+    Column("step ms", "step_time_s", _ms),
+    Column("time/none", "time_overhead", fmt_ratio, "median step time over `none`'s"),
+    Column("time/none range", "time_overhead_range", fmt_range,
+           "the lowest and highest ratio any pair of timed steps gives (min over `none`'s max to max over `none`'s "
+           "min): a range that holds 1.00 is noise at these repeats"),
+)
+"""The case table of report.md and the terminal, one :class:`Column` per column (docs/extending.md: adding one)."""
+
+DROPOUT_COLUMN = Column("dropout", "dropout", lambda v: f"{v or 0.0:g}", left=True)
+"""Added after ``dtype`` when some case runs dropout."""
+
+
+def legend(columns) -> str:
+    """The case table's legend: what a case compares, then each documented column's ``doc``."""
+    docs = "; ".join(f"`{c.header}` = {c.doc}" for c in columns if c.doc)
+    return ("Each case compares one plan with `none` in the same framework and mode, byte for byte: " + docs
+            + ". Machine and library versions: `environment` in report.json.")
 
 
 def case_row(c: dict) -> list[str]:
     """One report case as display strings, in :data:`CASE_COLUMNS` order."""
-    return [
-        c["framework"], c["mode"], c["dtype"], _schedule_label(c), c["status"],
-        _bit(c["grads_bitwise_equal"]), _bit(c["weights_bitwise_equal"]), _bit(c["reverse_loop_bitwise_equal"]),
-        "-" if c["max_ulp"] is None else str(c["max_ulp"]), _bit(c.get("names_ok")),
-        _fmt_bytes(c["saved_bytes"]), _fmt_ratio(c["saved_ratio"]), _fmt_gap(c.get("saved_gap")),
-        "-" if not c.get("offloaded_bytes") else _fmt_bytes(c["offloaded_bytes"]),
-        _fmt_bytes(c["peak_bytes"]), _fmt_ratio(c["peak_ratio"]),
-        _fmt_bytes(c.get("peak_activation_bytes")), _fmt_gap(c.get("peak_gap")), _fmt_saving(c.get("saving")),
-        _fmt_ratio(c["predicted_unit_ratio"]),
-        str(c["recomputed_blocks"]),
-        "-" if c["step_time_s"] is None else f"{1e3 * c['step_time_s']:.1f}", _fmt_ratio(c["time_overhead"]),
-        _fmt_range(c.get("time_overhead_range")),
-    ]
-
-
-def _fmt_range(r) -> str:
-    return "-" if not r else f"{r[0]:.2f}-{r[1]:.2f}"
+    return [col.cell(c) for col in CASE_COLUMNS]
 
 
 _VERDICT_WORDS = {"fail": "failed", "no_saving": "saved no memory", "over_budget": "went over their memory budget",
@@ -205,7 +247,7 @@ def verdict(report: dict) -> str:
         parts.append(f"{ok} of {total} distributed rows passed")
     if cross:
         parts.append(f"JAX vs PyTorch within tolerance in {sum(bool(x['ok']) for x in cross)} of {len(cross)}")
-    timed = [c for c in cases if c.get("time_overhead_range") and c["schedule"] != "none"]
+    timed = [c for c in cases if c.get("time_overhead_range") and c["plan"] != "none"]
     if timed:
         resolved = sum(not (r[0] <= 1.0 <= r[1]) for r in (c["time_overhead_range"] for c in timed))
         rest = len(timed) - resolved
@@ -214,14 +256,18 @@ def verdict(report: dict) -> str:
     return f"**Verdict: {head}** - " + "; ".join(parts) + "."
 
 
-def case_table(report: dict) -> tuple[tuple[str, ...], list[list[str]]]:
-    """Columns and rows of the case table; a ``dropout`` column is added when some case has dropout."""
-    rows = [case_row(c) for c in report["cases"]]
+def case_columns(report: dict) -> tuple[Column, ...]:
+    """The case table's columns: :data:`CASE_COLUMNS`, with :data:`DROPOUT_COLUMN` after ``dtype`` when some case has dropout."""
     if not any(c.get("dropout") for c in report["cases"]):
-        return CASE_COLUMNS, rows
-    i = CASE_COLUMNS.index("dtype") + 1
-    return (CASE_COLUMNS[:i] + ("dropout",) + CASE_COLUMNS[i:],
-            [r[:i] + [f"{c.get('dropout', 0.0):g}"] + r[i:] for r, c in zip(rows, report["cases"])])
+        return CASE_COLUMNS
+    i = [c.header for c in CASE_COLUMNS].index("dtype") + 1
+    return CASE_COLUMNS[:i] + (DROPOUT_COLUMN,) + CASE_COLUMNS[i:]
+
+
+def case_table(report: dict) -> tuple[tuple[str, ...], list[list[str]]]:
+    """Headers and rows of the case table (:func:`case_columns`)."""
+    columns = case_columns(report)
+    return tuple(c.header for c in columns), [[col.cell(c) for col in columns] for c in report["cases"]]
 
 
 PEER_COLUMNS = ("check", "dtype", "max rel err", "tolerance", "ok", "note")
@@ -235,23 +281,17 @@ def peer_row(x: dict) -> list[str]:
     return [x["check"], x["dtype"], err, tol, ok, x["note"]]
 
 
-CROSS_COLUMNS = ("dtype", "schedule", "loss err", "loss tol", "grads err", "grads tol", "ok")
+CROSS_COLUMNS = ("dtype", "plan", "loss err", "loss tol", "grads err", "grads tol", "ok")
 
 
 def cross_row(x: dict) -> list[str]:
     """One cross-framework comparison as display strings, in :data:`CROSS_COLUMNS` order.
 
-    ``loss err`` is the loss difference over the loss's term scale (:func:`parity.checks.compare.cross_check`);
-    rows without it (older reports, stress rows) show the plain relative error, marked ``(rel)``.
+    ``loss err`` is the loss difference over the loss's term scale (:func:`parity.checks.compare.cross_row`).
     """
     f = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
-    schedule = x["schedule"] if not x.get("variant") else f"{x['variant']}: {x['schedule']}"
-    if "loss_err" in x:
-        loss, loss_tol = f(x["loss_err"]), f(x["tolerance_loss"])
-    else:
-        loss, loss_tol = f"{f(x.get('max_rel_err_loss'))} (rel)", f(x.get("tolerance"))
-    return [x["dtype"], schedule, loss, loss_tol, f(x.get("max_rel_err_grads")), f(x.get("tolerance")),
-            "yes" if x["ok"] else "NO"]
+    return [x["dtype"], _plan_label(x), f(x["loss_err"]), f(x["tolerance_loss"]), f(x.get("max_rel_err_grads")),
+            f(x.get("tolerance")), "yes" if x["ok"] else "NO"]
 
 
 def print_tables(report: dict, console: Console | None = None) -> None:
@@ -264,10 +304,9 @@ def print_tables(report: dict, console: Console | None = None) -> None:
         distributed_report.print_mesh_tables(report, console)
         return
     t = Table(title=Text(f"parity: {report['model']} ({report['suite']} suite)"), show_lines=False)
-    columns, rows = case_table(report)
-    for col in columns:
-        t.add_column(col, justify="right" if col not in ("framework", "mode", "dtype", "schedule", "status") else "left")
-    for c, row in zip(report["cases"], rows):
+    for col in case_columns(report):
+        t.add_column(col.header, justify="left" if col.left else "right")
+    for c, row in zip(report["cases"], case_table(report)[1]):
         style = {"pass": None, "fail": "red", "no_saving": "red", "over_budget": "red", "error": "bold red"}.get(c["status"])
         t.add_row(*map(Text, row), style=style)
     console.print(t)
@@ -296,9 +335,9 @@ def print_tables(report: dict, console: Console | None = None) -> None:
 
 
 def case_label(c: dict) -> str:
-    """A case's name in one line: ``framework/mode dtype [dropout p] schedule`` (dropout only where on)."""
+    """A case's name in one line: ``framework/mode dtype [dropout p] plan`` (dropout only where on)."""
     drop = f" dropout {c['dropout']:g}" if c.get("dropout") else ""
-    return f"{c['framework']}/{c['mode']} {c['dtype']}{drop} {_schedule_label(c)}"
+    return f"{c['framework']}/{c['mode']} {c['dtype']}{drop} {_plan_label(c)}"
 
 
 def no_saving_line(c: dict) -> str:
@@ -307,12 +346,6 @@ def no_saving_line(c: dict) -> str:
     ratio = sv.get("peak_activation_ratio")
     return (f"{case_label(c)}: peak activation "
             f"{'?' if ratio is None else f'{ratio:.2f}'} x none's; {sv.get('cause')}")
-
-
-def _md_table(columns, rows) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def markdown(report: dict) -> str:
@@ -335,25 +368,14 @@ def markdown(report: dict) -> str:
     ]
     if report["cases"] or not report.get("distributed"):  # the case table and its legend
         parts += [
-            "Each case compares one schedule with `none` in the same framework and mode, byte for byte "
-            "(the `none` row compares two runs of itself). `saved` = activation bytes kept for the backward "
-            "pass in device memory (parameters excluded); `offloaded` = bytes a policy moved to host memory "
-            "instead; `saved pred` = the per-layer model's prediction of `saved`, as a relative gap "
-            "(`!` above 10%); `peak act` = measured peak less parameters, gradients and optimizer state, "
-            "`peak act pred` its prediction's gap; `peak act/none` the measured peak activation over `none`'s "
-            "(`NO`: the plan promises a saving, keeping fewer activations, and does not realize it: status `no_saving`); `names as declared` = one checkpointed block keeps exactly the activation names its "
-            "policy declares (see below); `peak` = peak bytes of one training step (source per case in "
-            "report.json); `units/none` = the chain model's peak units (segments + longest segment) over "
-            "`none`'s; `time/none` = median step time over `none`'s; `time/none range` = the lowest and highest "
-            "ratio any pair of timed steps gives (min over `none`'s max to max over `none`'s min): a range that "
-            "holds 1.00 is noise at these repeats. Machine and library versions: `environment` in report.json.",
-            "", _md_table(*case_table(report)), ""]
+            legend(case_columns(report)),
+            "", md_table(*case_table(report)), ""]
     if report.get("distributed"):
         parts += distributed_report.markdown_sections(report)
     if report.get("peer"):
-        parts += ["## Hidden states against a peer", "", _md_table(PEER_COLUMNS, [peer_row(x) for x in report["peer"]]), ""]
+        parts += ["## Hidden states against a peer", "", md_table(PEER_COLUMNS, [peer_row(x) for x in report["peer"]]), ""]
     if report["cross_framework"]:
-        parts += ["## JAX vs PyTorch", "", _md_table(CROSS_COLUMNS, [cross_row(x) for x in report["cross_framework"]]), ""]
+        parts += ["## JAX vs PyTorch", "", md_table(CROSS_COLUMNS, [cross_row(x) for x in report["cross_framework"]]), ""]
         seen = {}
         for x in report["cross_framework"]:
             if x.get("tolerance_loss_reason"):
@@ -368,20 +390,20 @@ def markdown(report: dict) -> str:
             seen_policies.add((c["framework"], policy))
             shapes = ", ".join(f"{t['name']} {tuple(t['shape'])}{' (host)' if t['memory'] == 'host' else ''}"
                                for t in names["tensors"])
-            kept_rows.append([policy, c["framework"], _bit(ok), shapes or "nothing"])
+            kept_rows.append([policy, c["framework"], fmt_bit(ok), shapes or "nothing"])
     if kept_rows:
         parts += ["## What one checkpointed block keeps, per policy", "",
                   "Measured on one block (JAX: saved residuals with their `checkpoint_name` tags; PyTorch: the "
                   "op outputs the selective checkpoint caches, by activation region). JAX drops `mlp_out`, "
                   "which nothing in the block's backward reads; PyTorch keeps what the policy names "
                   "(docs/policies.md).", "",
-                  _md_table(("policy", "framework", "as declared", "kept tensors"), sorted(kept_rows)), ""]
+                  md_table(("policy", "framework", "as declared", "kept tensors"), sorted(kept_rows)), ""]
     flagged = [c for c in report["cases"] if c.get("prediction_flags")]
     if flagged:
         parts += ["## Predictions more than 10% off the measurement", "",
                   "The per-layer model (docs/memory-model.md) predicted these numbers more than 10% away from "
                   "what was measured; the model leaves out single-op working buffers and allocator behaviour.", ""]
-        parts += [f"- {c['framework']}/{c['mode']} {c['dtype']} {c['schedule']}: {'; '.join(c['prediction_flags'])}"
+        parts += [f"- {case_label(c)}: {'; '.join(c['prediction_flags'])}"
                   for c in flagged] + [""]
     unsaved = [c for c in report["cases"] if c["status"] == "no_saving"]
     if unsaved:

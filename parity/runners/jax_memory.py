@@ -1,8 +1,8 @@
 """The one JAX memory measurement: saved residuals, compiled peak, peak activation, device peak.
 
-:func:`measure_jax` is called by the JAX runner (:func:`parity.runners.jax_runner.run_schedule`),
-the depth sweep (:func:`parity.cases.sweep.measure_jax`) and the GPU pass
-(:mod:`parity.cases.gpu_pass`, one fresh process per case):
+:func:`measure_jax` is called by the JAX runner (:func:`parity.runners.jax_runner.run_plan`),
+the depth sweep and the GPU pass (:meth:`parity.runners.jax_framework.JaxFramework.measure_plan`,
+:meth:`~parity.runners.jax_framework.JaxFramework.device_peak`, one fresh process per case):
 
 * saved bytes -- the non-argument residuals of the loss, counted on its jaxpr before any compiler
   runs (:func:`jaxremat.memory.saved_residuals`), split by memory kind (device / host-offloaded);

@@ -1,9 +1,9 @@
-"""The JAX side of the parity harness: one schedule, one batch, every measurement.
+"""The JAX side of the parity harness: one plan, one batch, every measurement.
 
-:func:`run_schedule` is the uniform entry point the harness calls, in two modes:
+:func:`run_plan` is what :meth:`parity.runners.jax_framework.JaxFramework.run_plan` runs, in two modes:
 
 * ``"jit"`` -- loss+gradients, the AdamW update and the reverse loop each run as one ``jax.jit``
-  program (a training step is the first two in turn; see :meth:`_Programs.train_step`). Jitted functions are cached per ``(cfg, schedule, hparams)`` (:func:`_programs`) and
+  program (a training step is the first two in turn; see :meth:`Programs.train_step`). Jitted functions are cached per ``(cfg, plan, hparams)`` (:func:`programs`) and
   ``jax.jit`` caches their executables per input shapes, so repeated calls do not recompile.
 * ``"eager"`` -- the same Python functions op by op under ``jax.disable_jit()`` (``lax.scan``
   then runs as a Python loop, every primitive dispatched on its own).
@@ -32,21 +32,19 @@ import numpy as np
 import optax
 
 from jaxremat.models import TransformerConfig, check_params, get_model, param_shapes
-from jaxremat.spec import Schedule
-from jaxremat.spec.policies import POLICIES, Policy, parse_policy
+from jaxremat.spec.plan import RematPlan
 from jaxremat.survival import count_dots
-from parity.inputs.train import AdamWConfig
 
+from parity.inputs.train import AdamWConfig
+from parity.runners.framework import FRAMEWORKS, RunOptions
 from parity.runners.jax_memory import measure_jax
 from parity.runners.result import RunResult
 
-SAVE_NOTHING = POLICIES["save_nothing"]
-
-MODES = ("jit", "eager")
+MODES = FRAMEWORKS["jax"].modes
 
 
 def objective(cfg: TransformerConfig):
-    """The loss function of ``cfg``'s family, ``(params, tokens, cfg, schedule, key) -> loss``.
+    """The loss function of ``cfg``'s family, ``(params, tokens, cfg, plan, key) -> loss``.
 
     Its :attr:`jaxremat.models.ModelSpec.jax_loss`: GPT next-token cross-entropy
     (:func:`jaxremat.model.loss_fn`), BERT the contrastive sentence-embedding loss
@@ -61,8 +59,8 @@ def _reverse_loop_fn(cfg: TransformerConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Programs:
-    """The functions of one (cfg, schedule, hparams): plain (for eager mode) and jitted."""
+class Programs:
+    """The functions of one (cfg, plan, hparams): plain (for eager mode) and jitted."""
 
     value_and_grad: Any
     apply_adamw: Any
@@ -88,15 +86,16 @@ class _Programs:
 
 
 @functools.lru_cache(maxsize=16)
-def _adamw(hparams: AdamWConfig):
-    """``(init, apply, apply_jit)`` of one AdamW update, shared by every schedule and model.
+def adamw(hparams: AdamWConfig):
+    """``(init, apply, apply_jit)`` of one AdamW update, shared by every plan, model and case set.
 
-    The update does not depend on the schedule, so one ``jax.jit`` object serves them all: it
-    compiles once per parameter shapes and dtype (not once per schedule), and every schedule's
-    training runs the same executable on its gradients.
+    ``apply(grads, opt_state, params) -> (params, opt_state)`` is ``optax.adamw`` then
+    ``optax.apply_updates`` (:class:`parity.inputs.train.AdamWConfig`'s settings). The update does
+    not depend on the plan, so one ``jax.jit`` object serves them all: it compiles once per
+    parameter shapes and dtype (not once per plan), and every plan's training runs the same
+    executable on its gradients.
     """
-    tx = optax.adamw(hparams.learning_rate, b1=hparams.b1, b2=hparams.b2, eps=hparams.eps,
-                     weight_decay=hparams.weight_decay)
+    tx = optimizer(hparams)
 
     def apply_adamw(grads, opt_state, params):
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -105,31 +104,37 @@ def _adamw(hparams: AdamWConfig):
     return tx.init, apply_adamw, jax.jit(apply_adamw)
 
 
+def optimizer(hparams: AdamWConfig) -> optax.GradientTransformation:
+    """The harness's ``optax.adamw`` (the one JAX optimizer; the distributed and frozen runs build on it)."""
+    return optax.adamw(hparams.learning_rate, b1=hparams.b1, b2=hparams.b2, eps=hparams.eps,
+                       weight_decay=hparams.weight_decay)
+
+
 @functools.lru_cache(maxsize=64)
-def _programs(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, policy: Policy = SAVE_NOTHING) -> _Programs:
-    """Build (once per key) the loss+grad and reverse-loop functions; the AdamW update is :func:`_adamw`'s."""
+def programs(cfg: TransformerConfig, plan: RematPlan, hparams: AdamWConfig) -> Programs:
+    """Build (once per key) the loss+grad and reverse-loop functions; the AdamW update is :func:`adamw`'s."""
     loss = objective(cfg)
-    init_opt, apply_adamw, apply_adamw_jit = _adamw(hparams)
+    init_opt, apply_adamw, apply_adamw_jit = adamw(hparams)
 
     def value_and_grad(params, tokens, key):
-        return jax.value_and_grad(loss)(params, tokens, cfg, schedule, key, policy=policy)
+        return jax.value_and_grad(loss)(params, tokens, cfg, plan, key)
 
     def reverse_loop(params, tokens, key):
-        return _reverse_loop_fn(cfg)(params, tokens, cfg, schedule, key)
+        return _reverse_loop_fn(cfg)(params, tokens, cfg, plan.schedule, key)
 
-    return _Programs(value_and_grad, apply_adamw, reverse_loop, init_opt,
+    return Programs(value_and_grad, apply_adamw, reverse_loop, init_opt,
                      jax.jit(value_and_grad), apply_adamw_jit, jax.jit(reverse_loop))
 
 
 @functools.lru_cache(maxsize=64)
-def compiled_value_and_grad(cfg: TransformerConfig, schedule: Schedule, hparams: AdamWConfig, tokens_shape,
-                             has_key: bool, policy: Policy = SAVE_NOTHING):
+def compiled_value_and_grad(cfg: TransformerConfig, plan: RematPlan, hparams: AdamWConfig, tokens_shape,
+                             has_key: bool):
     """The jitted loss+grad step compiled ahead of time, once per key.
 
     The same executable runs the jit-mode gradients and training steps and gives the compiled
-    memory analysis, so each schedule's program is compiled once (compiling costs seconds here).
+    memory analysis, so each plan's program is compiled once (compiling costs seconds here).
     """
-    progs = _programs(cfg, schedule, hparams, policy)
+    progs = programs(cfg, plan, hparams)
     params = {k: jax.ShapeDtypeStruct(v, jnp.dtype(cfg.dtype)) for k, v in param_shapes(cfg).items()}
     tokens = jax.ShapeDtypeStruct(tokens_shape, jnp.int32)
     key = jax.random.key(0) if has_key else None
@@ -146,30 +151,25 @@ def _check_dtypes(cfg: TransformerConfig, what: str, tree: dict) -> None:
             raise RuntimeError(f"{what}[{k!r}] came out as {np.asarray(v).dtype}, expected {cfg.dtype}")
 
 
-def run_schedule(
-    cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, schedule: Schedule, *,
-    mode: str, hparams: AdamWConfig, timing_repeats: int = 5, with_reverse_loop: bool = True, seed: int = 0,
-    with_training: bool = True, policy: Policy | str | None = None,
-) -> RunResult:
-    """Loss, gradients, training, residual and peak memory, and step time of one remat schedule.
+def run_plan(mode: str, cfg: TransformerConfig, params: dict[str, np.ndarray], tokens: np.ndarray, plan: RematPlan,
+             options: RunOptions) -> RunResult:
+    """Loss, gradients, training, residual and peak memory, and step time of one remat plan.
 
     Args:
+        mode: ``"jit"`` or ``"eager"`` (op by op under ``jax.disable_jit()``).
         cfg: model configuration.
         params: canonical parameters (:func:`jaxremat.models.param_shapes`, ``cfg.dtype``).
         tokens: ``(B, T+1)`` integer token ids; inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
-        schedule: remat schedule for the blocks.
-        mode: ``"jit"`` or ``"eager"`` (op by op under ``jax.disable_jit()``).
-        hparams: ``optax.adamw`` hyper-parameters and number of training steps.
-        timing_repeats: timed training steps after one warm-up step; >= 1.
-        with_reverse_loop: also run :func:`jaxremat.reverse_loop.reverse_loop_value_and_grad`
-            (only when the schedule has a checkpointed segment).
-        with_training: run the AdamW steps and the timed steps; when False, ``trained`` and
-            ``step_time_s`` are None (the harness skips them op by op, where a step costs a second
-            of Python dispatch and its time says nothing about remat).
-        policy: what checkpointed segments keep inside (:func:`jaxremat.policies.to_jax_policy`);
-            None keeps nothing.
-        seed: dropout keys come from ``jax.random.key(seed)`` when ``cfg.dropout > 0``: the loss
-            and gradients use it directly, training step i uses ``fold_in(key, i)``.
+        plan: the remat plan (schedule and policy), handed whole to the model's loss
+            (:func:`jaxremat.render.remat_scan` reads it).
+        options: :class:`parity.runners.framework.RunOptions`: ``hparams`` (``optax.adamw``
+            settings and training steps), ``timing_repeats`` (timed steps after one warm-up,
+            >= 1), ``with_reverse_loop`` (also run :func:`jaxremat.reverse_loop.reverse_loop_value_and_grad`,
+            only when the plan has a checkpointed segment and no policy), ``with_training`` (the
+            AdamW steps and the timed steps; the harness skips them op by op, where a step costs a
+            second of Python dispatch and its time says nothing about remat), ``with_memory``
+            and ``seed`` (dropout keys come from ``jax.random.key(seed)`` when ``cfg.dropout > 0``:
+            the loss and gradients use it directly, training step i uses ``fold_in(key, i)``).
 
     Returns:
         :class:`parity.runners.result.RunResult`: ``loss``, ``grads``, ``trained`` (None without
@@ -187,8 +187,8 @@ def run_schedule(
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if timing_repeats < 1:
-        raise ValueError(f"timing_repeats must be >= 1, got {timing_repeats}")
+    if options.timing_repeats < 1:
+        raise ValueError(f"timing_repeats must be >= 1, got {options.timing_repeats}")
     check_params(cfg, params)
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
@@ -196,23 +196,26 @@ def run_schedule(
     spec = get_model(cfg.arch)
     if spec.jax_check_batch is not None:  # ids and length checked here: under jit they are traced
         spec.load("jax_check_batch")(tokens, cfg)
-    x64 = jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
-    with x64:
-        return _run(cfg, params, tokens, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,
-                    with_training, parse_policy(policy))
+    with float64_context(cfg):
+        return _run(mode, cfg, params, tokens, plan, options)
 
 
-def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, with_reverse_loop, seed,
-         with_training, policy) -> RunResult:
-    progs = _programs(cfg, schedule, hparams, policy)
+def float64_context(cfg: TransformerConfig):
+    """``jax.enable_x64(True)`` for a float64 model (so float64 really runs in float64), else a null context."""
+    return jax.enable_x64(True) if cfg.dtype == "float64" else contextlib.nullcontext()
+
+
+def _run(mode, cfg, params_np, tokens_np, plan, options: RunOptions) -> RunResult:
+    hparams = options.hparams
+    progs = programs(cfg, plan, hparams)
     params = {k: jnp.asarray(v) for k, v in params_np.items()}
     _check_dtypes(cfg, "params", params)
     tokens = jnp.asarray(tokens_np, dtype=jnp.int32)
-    key = jax.random.key(seed) if cfg.dropout > 0 else None
+    key = jax.random.key(options.seed) if cfg.dropout > 0 else None
     step_key = (lambda i: jax.random.fold_in(key, i)) if key is not None else (lambda i: None)
     eager = mode == "eager"
     run_ctx = jax.disable_jit if eager else contextlib.nullcontext
-    compiled_vg = compiled_value_and_grad(cfg, schedule, hparams, tuple(tokens.shape), key is not None, policy)
+    compiled_vg = compiled_value_and_grad(cfg, plan, hparams, tuple(tokens.shape), key is not None)
     vg = progs.value_and_grad if eager else compiled_vg
     step = functools.partial(progs.train_step, value_and_grad=vg, jit=not eager)
     reverse = progs.reverse_loop if eager else progs.reverse_loop_jit
@@ -223,18 +226,19 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
     _check_dtypes(cfg, "grads", {"loss": loss_np, **grads_np})
 
     reverse_grads = None
-    segs = schedule.segments_for(cfg.n_layer)
-    no_policy = policy.saves_nothing and all(s.policy is None or s.policy.saves_nothing for s in segs)
-    if with_reverse_loop and no_policy and any(s.checkpointed for s in segs):
+    segs = plan.segments_for(cfg.n_layer)
+    if options.with_reverse_loop and plan.saves_nothing and any(s.checkpointed for s in segs):
         with run_ctx():
             _, rl_grads = jax.block_until_ready(reverse(params, tokens, key))
         reverse_grads = _to_numpy(rl_grads)
 
-    memory = measure_jax(lambda p: objective(cfg)(p, tokens, cfg, schedule, key, policy=policy), params,
-                         compiled_vg, device_step=lambda: progs.value_and_grad_jit(params, tokens, key))
+    memory = None
+    if options.with_memory:
+        memory = measure_jax(lambda p: objective(cfg)(p, tokens, cfg, plan, key), params, compiled_vg,
+                             device_step=lambda: progs.value_and_grad_jit(params, tokens, key))
     result = RunResult(loss=loss_np, grads=grads_np, trained=None, mode=mode, reverse_loop_grads=reverse_grads,
                        memory=memory, dots_compiled=count_dots(compiled_vg.as_text(), optimized=True))
-    if not with_training:
+    if not options.with_training:
         return result
     with run_ctx():
         p, opt_state = params, progs.init_opt(params)
@@ -246,7 +250,7 @@ def _run(cfg, params_np, tokens_np, schedule, mode, hparams, timing_repeats, wit
         if not eager:  # warm-up: the first call of the AdamW update compiles it
             p, opt_state = jax.block_until_ready(step(params, progs.init_opt(params), tokens, step_key(0)))
         times = []
-        for r in range(timing_repeats):
+        for r in range(options.timing_repeats):
             t0 = time.perf_counter()
             p, opt_state = jax.block_until_ready(step(p, opt_state, tokens, step_key(1 + r)))
             times.append(time.perf_counter() - t0)

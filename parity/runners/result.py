@@ -1,11 +1,9 @@
 """What a runner returns: one typed result per run, with its memory measurement.
 
-:class:`RunResult` is the result of :func:`parity.runners.jax_runner.run_schedule`,
-:func:`parity.runners.torch_runner.run_schedule` and the stress runners
-(:mod:`parity.cases.stress_frozen`, :mod:`parity.cases.stress_user`); :class:`Memory` is what the
-one measurement path of each framework computes (:func:`parity.runners.jax_memory.measure_jax`,
-:func:`parity.runners.torch_memory.measure_torch`). :class:`Runner` names the runner signature
-both framework runners satisfy.
+:class:`RunResult` is what :meth:`parity.runners.framework.Framework.run_plan` and
+:meth:`~parity.runners.framework.Framework.run_user_stack` return in every framework;
+:class:`Memory` is what the one measurement path of each framework computes
+(:func:`parity.runners.jax_memory.measure_jax`, :func:`parity.runners.torch_memory.measure_torch`).
 
 Canonical dicts map parameter names (:func:`jaxremat.models.param_shapes`) to numpy arrays in the
 model's parameter dtype (``cfg.dtype``); all byte counts are ints in bytes, all times floats in
@@ -15,15 +13,11 @@ seconds (``time.perf_counter``).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+import statistics
+import time
+from typing import Any, Mapping
 
 import numpy as np
-
-if TYPE_CHECKING:  # annotations only: this module loads no framework and no model code
-    from jaxremat.models import TransformerConfig
-    from jaxremat.spec import Schedule
-    from jaxremat.spec.policies import Policy
-    from parity.inputs.train import AdamWConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,15 +103,48 @@ class RunResult:
     frozen_grads_none: bool | None = None
 
 
-class Runner(Protocol):
-    """The signature both framework runners satisfy (``run_schedule`` of each runner module).
+@dataclasses.dataclass(frozen=True)
+class TrainRun:
+    """A training run of one plan over a sequence of batches (:meth:`parity.runners.framework.Framework.train`).
 
-    ``mode`` is ``"jit"`` or ``"eager"`` in JAX, ``"eager"`` only in PyTorch. The JAX runner adds
-    ``with_training`` (False: no training run and no timing).
+    Attributes:
+        losses: ``(steps,)`` array in the model's dtype: each step's loss, before its update.
+        trained: canonical dict of the weights after the last step.
+        step_times_s: seconds of each step (loss, gradients and the optimizer update), in order; the
+            first includes compiling the update (JAX under ``jit``).
+        memory: the :class:`Memory` of one steady-state step (optimizer state held), None when not measured.
+        mode: the mode it ran in.
     """
 
-    def __call__(self, cfg: TransformerConfig, params: Mapping[str, np.ndarray], tokens: np.ndarray,
-                 schedule: Schedule, *, mode: str, hparams: AdamWConfig, timing_repeats: int = 5,
-                 with_reverse_loop: bool = True, seed: int = 0,
-                 policy: Policy | str | None = None) -> RunResult:
-        """Loss, gradients, trained weights, memory and step time of ``schedule`` on ``tokens``."""
+    losses: np.ndarray
+    trained: Mapping[str, np.ndarray]
+    step_times_s: tuple[float, ...]
+    memory: Memory | None
+    mode: str
+
+
+def kept_and_offloaded(tensors: list[dict]) -> dict:
+    """``{"kept", "offloaded", "tensors"}`` of one block's kept tensors (``{"name", "shape", "bytes",
+    "memory"}`` each, ``memory`` ``"device"`` or ``"host"``): the sorted names kept on the device and
+    moved to host memory (:meth:`parity.runners.framework.Framework.kept_names`)."""
+    kept = sorted({t["name"] for t in tensors if t["memory"] == "device"}, key=str)
+    off = sorted({t["name"] for t in tensors if t["memory"] == "host"}, key=str)
+    return {"kept": kept, "offloaded": off, "tensors": tensors}
+
+
+def timed(fn, repeats: int) -> dict:
+    """``step_time_s`` (median) and ``step_times_s`` (every timed call), seconds, after one warm-up."""
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"step_time_s": float(statistics.median(times)), "step_times_s": [float(t) for t in times]}
+
+
+def memory_fields(memory) -> dict:
+    """A depth-sweep case's memory fields from one :class:`parity.runners.result.Memory`."""
+    return {"saved_bytes": memory.saved_bytes, "offloaded_bytes": memory.offloaded_bytes,
+            "peak_bytes": memory.peak_bytes, "peak_activation_bytes": memory.peak_activation_bytes,
+            "peak_source": memory.peak_source, "peak_activation_source": memory.peak_activation_source}

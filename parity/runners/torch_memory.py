@@ -1,8 +1,8 @@
 """The one PyTorch memory measurement: saved activations, step peak, peak activation.
 
-:func:`measure_torch` is called by the PyTorch runner (:func:`parity.runners.torch_runner.run_schedule`),
-the depth sweep (:func:`parity.cases.sweep.measure_torch`) and the GPU pass
-(:mod:`parity.cases.gpu_pass`):
+:func:`measure_torch` is called by the PyTorch runner (:func:`parity.runners.torch_runner.run_plan`),
+the depth sweep and the GPU pass (:meth:`parity.runners.torch_framework.TorchFramework.measure_plan`,
+:meth:`~parity.runners.torch_framework.TorchFramework.device_peak`):
 
 * saved bytes -- one forward pass under :class:`torchref.memory.SavedActivationRecorder`
   (parameters and buffers excluded) with the plan's :class:`torchref.policies.SelectiveCheckpoint`:

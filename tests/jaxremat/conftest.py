@@ -5,7 +5,6 @@ Helpers reach tests as fixtures (``bits``, ``run``), which works under any pytes
 """
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -115,23 +114,3 @@ def default():
 @pytest.fixture(scope="session")
 def vg_jit():
     return value_and_grad_jit
-
-
-# ---------------------------------------------------------------- opt-in measurement tests
-# Tests marked ``jaxremat_slow`` pin down measured XLA facts (mechanism proofs, float64, unrolled
-# stacks) at ~10 s of compiles each; they run with ``JAXREMAT_SLOW_TESTS=1`` and are reported as
-# skipped otherwise, so that the default run of tests/jaxremat stays near 100 s on 2 CPU cores.
-SLOW_ENV = "JAXREMAT_SLOW_TESTS"
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", f"jaxremat_slow: XLA measurement test; runs with {SLOW_ENV}=1")
-
-
-def pytest_collection_modifyitems(config, items):
-    if os.environ.get(SLOW_ENV) == "1":
-        return
-    skip = pytest.mark.skip(reason=f"measurement test (XLA compiles); run with {SLOW_ENV}=1")
-    for item in items:
-        if item.get_closest_marker("jaxremat_slow"):
-            item.add_marker(skip)

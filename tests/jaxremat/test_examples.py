@@ -53,3 +53,14 @@ def test_readme_sharding_example_prints_sharded_gradients_and_true():
                          env=dict(env, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "P(None, 'fsdp') True", out.stdout + out.stderr
+
+
+def test_readme_doctor_example_is_the_example_file_and_prints_what_the_readme_shows():
+    section = (ROOT / "README.md").read_text().split("## Check your own step: the remat doctor\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    code, printed = re.search(r"```python\n(.*?)```\n.*?```\n(.*?)```", section, re.S).groups()
+    assert code == (ROOT / "examples" / "doctor_flax.py").read_text()
+    out = subprocess.run([sys.executable, "examples/doctor_flax.py"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == printed and printed.startswith("policy-name-missing: ") and "'mlp_in'" in printed

@@ -11,12 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from jaxremat.spec import parse_schedule
 from jaxremat.models import TransformerConfig, init_params
 from parity.inputs.train import AdamWConfig
-from parity.runners import jax_runner
 from parity.cases import suite as suite_mod
-from parity.runners import torch_runner
 from parity.cli.run import main
 from parity.inputs.presets import get_preset
 from parity.report.suite_report import write_report
@@ -34,7 +31,7 @@ def test_nonfinite_weights_give_failed_cases_and_standard_json(monkeypatch, tmp_
         return cfg, params, tokens
 
     monkeypatch.setattr(suite_mod, "preset_inputs", poisoned)
-    report = run_suite(SuiteConfig(name="quick", preset=get_preset("gpt-tiny"), schedules=("every_k(2)",),
+    report = run_suite(SuiteConfig(name="quick", preset=get_preset("gpt-tiny"), plans=("every_k(2)",),
                                    frameworks=("torch",), timing_repeats=1))
     assert [c["status"] for c in report["cases"]] == ["fail", "fail"]
     for c in report["cases"]:
@@ -62,13 +59,10 @@ CFG = TransformerConfig(vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32,
     (np.zeros((2, 9), np.float32), "integer"),
 ])
 @pytest.mark.parametrize("framework", ["jax", "torch"])
-def test_runners_reject_bad_tokens_before_any_work(framework, tokens, message):
+def test_runners_reject_bad_tokens_before_any_work(framework, tokens, message, run_framework):
     params, hp = init_params(CFG), AdamWConfig(steps=1)
     with pytest.raises(ValueError, match=message):
-        if framework == "jax":
-            jax_runner.run_schedule(CFG, params, tokens, parse_schedule("full"), mode="jit", hparams=hp, timing_repeats=1)
-        else:
-            torch_runner.run_schedule(CFG, params, tokens, parse_schedule("full"), hparams=hp, timing_repeats=1)
+        run_framework(framework, CFG, params, tokens, "full", hparams=hp, timing_repeats=1)
 
 
 def test_cli_stress_suite_is_float32_only(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -15,7 +16,8 @@ CFG = TransformerConfig(arch="gpt", vocab_size=64, n_layer=4, d_model=16, n_head
 
 
 @pytest.mark.parametrize("text, kind, fraction, nbytes", [
-    ("plan(50%)", "plan", 0.5, None), ("plan( 12MiB )", "plan", None, 12 * 2**20),
+    ("budget(50%)", "budget", 0.5, None), ("budget( 12MiB )", "budget", None, 12 * 2**20),
+    ("budget(4096)", "budget", None, 4096),
     ("best_uniform(80%)", "best_uniform", 0.8, None), ("best_uniform(4096)", "best_uniform", None, 4096),
 ])
 def test_budget_requests_parse(text, kind, fraction, nbytes):
@@ -30,7 +32,14 @@ def test_segment_plans_keep_their_grammar():
     assert isinstance(parse_case_plan("plan(3+save_dots,1:store)"), RematPlan)
 
 
-@pytest.mark.parametrize("text, match", [("plan(0%)", r"\(0%, 100%\]"), ("plan(150%)", r"\(0%, 100%\]"),
+@pytest.mark.parametrize("old, new", [("plan(50%)", "budget(50%)"), ("plan( 12MiB )", "budget(12MiB)")])
+def test_the_old_budget_spelling_is_refused_with_the_new_one(old, new):
+    # plan(...) lists segments; a budget has its own name
+    with pytest.raises(ValueError, match=rf"memory budget is written {re.escape(new)}"):
+        parse_case_plan(old)
+
+
+@pytest.mark.parametrize("text, match", [("budget(0%)", r"\(0%, 100%\]"), ("budget(150%)", r"\(0%, 100%\]"),
                                          ("best_uniform(12XB)", "units"), ("best_uniform()", "percentage")])
 def test_bad_budgets_are_refused(text, match):
     with pytest.raises(ValueError, match=match):
@@ -81,7 +90,7 @@ NONE = RematPlan(__import__("jaxremat").parse_schedule("none"))
 
 def test_a_plan_over_budget_is_replanned_with_the_overshoot_taken_off():
     run, calls = _fake_run(lambda k: 3000 if k == 1 else 0)
-    r = resolve(BudgetRequest("plan", parse_case_plan("plan(70%)").budget), "torch", CFG, 2, 8, run(NONE), run)
+    r = resolve(BudgetRequest("budget", parse_case_plan("budget(70%)").budget), "torch", CFG, 2, 8, run(NONE), run)
     assert len(r.attempts) == 2 and calls == [a["plan"] for a in r.attempts]
     first, second = r.attempts
     assert not first["within_budget"] and second["within_budget"]
@@ -93,7 +102,7 @@ def test_a_plan_over_budget_is_replanned_with_the_overshoot_taken_off():
 
 def test_a_plan_always_over_budget_stops_after_the_last_attempt_and_says_so():
     run, calls = _fake_run(lambda k: 10**6)  # every plan measures far over: the lowered target soon fits none
-    r = resolve(BudgetRequest("best_uniform", parse_case_plan("plan(90%)").budget), "torch", CFG, 2, 8, run(NONE), run)
+    r = resolve(BudgetRequest("best_uniform", parse_case_plan("budget(90%)").budget), "torch", CFG, 2, 8, run(NONE), run)
     assert 1 <= len(r.attempts) <= MAX_ATTEMPTS and not r.last["within_budget"]
     assert "no plan is predicted to fit the lowered target" in r.last["next"]
     assert calls == [a["plan"] for a in r.attempts]
@@ -103,7 +112,7 @@ def test_a_budget_below_every_plan_says_what_it_would_take():
     run, _ = _fake_run(lambda k: 0)
     ref = run(NONE)
     with pytest.raises(NoPlanFits, match=r"no plan fits: the budget is \d+ bytes \(5% of none's measured"):
-        resolve(BudgetRequest("plan", parse_case_plan("plan(5%)").budget), "torch", CFG, 2, 8, ref, run)
+        resolve(BudgetRequest("budget", parse_case_plan("budget(5%)").budget), "torch", CFG, 2, 8, ref, run)
 
 
 def _plan_command(tmp_path, model, frameworks, budget):
@@ -111,7 +120,7 @@ def _plan_command(tmp_path, model, frameworks, budget):
     code = main(["plan", "--model", model, "--budget", budget, "--frameworks", frameworks, "--repeats", "1",
                  "--out", str(out), "--no-progress"])
     report = json.loads((out / "plan.json").read_text())
-    assert code == 0, [(c["schedule"], c["status"], c.get("error"), c.get("max_ulp")) for c in report["cases"]]
+    assert code == 0, [(c["plan"], c["status"], c.get("error"), c.get("max_ulp")) for c in report["cases"]]
     rows = report["plan_rows"]
     assert {r["framework"] for r in rows} == set(frameworks.split(","))
     for row in rows:
@@ -139,18 +148,19 @@ def test_plan_command_in_jax_fits_the_budget_bitwise(tmp_path):
 
 def test_run_takes_a_budget_plan_like_any_schedule(tmp_path):
     out = tmp_path / "r"
-    code = main(["run", "--model", "gpt-tiny", "--schedules", "plan(80%)", "--frameworks", "torch", "--repeats", "1",
+    code = main(["run", "--model", "gpt-tiny", "--schedules", "budget(80%)", "--frameworks", "torch", "--repeats", "1",
                  "--out", str(out), "--no-progress"])
     report = json.loads((out / "report.json").read_text())
-    case = next(c for c in report["cases"] if c["schedule"] == "plan(80%)")
+    case = next(c for c in report["cases"] if c["plan"] == "budget(80%)")
     assert code == 0 and case["status"] == "pass" and case["resolved_plan"].startswith(("plan(", "every_k", "full"))
     assert case["peak_activation_bytes"] <= case["budget_bytes"]
 
 
 @pytest.mark.parametrize("argv, match", [
     (["plan", "--budget", "0%"], "(0%, 100%]"), (["plan", "--model", "minilm-l6", "--frontier"], "measured on the GPT"),
-    (["plan", "--inductor"], "add --frontier"), (["plan", "--budget", "4096"], "give a unit (4096B"), (["plan", "--frontier", "--budget", "12MiB"], "percentages"),
-    (["run", "--model", "minilm-l6", "--schedules", "plan(50%)"], "which runs dropout 0"),
+    (["plan", "--inductor"], "add --frontier"), (["plan", "--frontier", "--budget", "12MiB"], "percentages"),
+    (["run", "--model", "minilm-l6", "--schedules", "budget(50%)"], "which runs dropout 0"),
+    (["run", "--model", "gpt-tiny", "--schedules", "plan(50%)"], "a memory budget is written budget(50%)"),
 ])
 def test_plan_bad_input_is_one_line_and_exit_2(argv, match, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "x")]) == 2

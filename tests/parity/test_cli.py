@@ -15,11 +15,11 @@ from parity.report.suite_report import CASE_COLUMNS
 from parity.report.suite_report import SCHEMA_VERSION
 
 REQUIRED_CASE_KEYS = {
-    "framework", "model", "schedule", "n_layer", "dtype", "mode", "grads_bitwise_equal", "weights_bitwise_equal",
+    "framework", "model", "plan", "n_layer", "dtype", "mode", "grads_bitwise_equal", "weights_bitwise_equal",
     "max_ulp", "max_abs_diff", "saved_bytes", "peak_bytes", "predicted_peak_units", "step_time_s",
     "time_overhead", "status", "error",
 }
-REQUIRED_CROSS_KEYS = {"schedule", "dtype", "max_rel_err_loss", "max_rel_err_grads", "tolerance", "ok"}
+REQUIRED_CROSS_KEYS = {"plan", "dtype", "max_rel_err_loss", "max_rel_err_grads", "tolerance", "ok"}
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +37,10 @@ def test_cli_run_writes_valid_report(tiny_report):
     assert "report-data" in (out / "report.html").read_text()  # the page: docs/report-html.md
     cases = report["cases"]
     assert {(c["framework"], c["mode"]) for c in cases} == {("jax", "jit"), ("jax", "eager"), ("torch", "eager")}
-    assert {c["schedule"] for c in cases} == {"none", "every_k(2)", "every_k(2)+save_qkv_proj"}
+    assert {c["plan"] for c in cases} == {"none", "every_k(2)", "every_k(2)+save_qkv_proj"}
     for c in cases:
         assert REQUIRED_CASE_KEYS <= set(c), c
-        if (c["framework"], c["schedule"]) == ("jax", "every_k(2)+save_qkv_proj"):
+        if (c["framework"], c["plan"]) == ("jax", "every_k(2)+save_qkv_proj"):
             # measured: on gpt-tiny, where parameters outweigh activations, a policy segment's k-layer
             # parameter slice and gradient slice outweigh what the policy saves (docs/memory-model.md)
             assert c["status"] == "no_saving" and c["saving"]["cause"], c
@@ -53,7 +53,7 @@ def test_cli_run_writes_valid_report(tiny_report):
             assert c["weights_bitwise_equal"] is True and c["step_time_s"] > 0
         assert c["peak_bytes"] > 0 and c["saved_bytes"] > 0
         assert not {"residual_bytes", "residual_ratio"} & set(c) and "saved_ratio" in c  # one name per quantity
-        if c["schedule"] != "none":  # none is the reference: it promises no saving and has no "saving" entry
+        if c["plan"] != "none":  # none is the reference: it promises no saving and has no "saving" entry
             assert "residual_ratio" not in c["saving"] and "saved_ratio" in c["saving"]
     for x in report["cross_framework"]:
         assert REQUIRED_CROSS_KEYS <= set(x) and x["ok"], x
@@ -88,8 +88,9 @@ def test_readme_case_tables_have_the_report_columns():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     headers = [line for line in readme.splitlines() if line.startswith("| framework | mode | dtype |")]
     assert len(headers) == 2
-    with_dropout = CASE_COLUMNS[:3] + ("dropout",) + CASE_COLUMNS[3:]
-    assert sorted(headers) == sorted("| " + " | ".join(cols) + " |" for cols in (CASE_COLUMNS, with_dropout))
+    names = tuple(c.header for c in CASE_COLUMNS)
+    with_dropout = names[:3] + ("dropout",) + names[3:]
+    assert sorted(headers) == sorted("| " + " | ".join(cols) + " |" for cols in (names, with_dropout))
 
 
 def _readme_commands():
@@ -113,7 +114,7 @@ def test_cli_remat_saves_less_than_none(tiny_report):
     _, out = tiny_report
     cases = json.loads((out / "report.json").read_text())["cases"]
     for fw, mode in (("jax", "jit"), ("torch", "eager")):
-        by = {c["schedule"]: c for c in cases if c["framework"] == fw and c["mode"] == mode}
+        by = {c["plan"]: c for c in cases if c["framework"] == fw and c["mode"] == mode}
         assert by["every_k(2)"]["saved_bytes"] < by["none"]["saved_bytes"], fw
         sel = by["every_k(2)+save_qkv_proj"]
         assert by["every_k(2)"]["saved_bytes"] < sel["saved_bytes"] < by["none"]["saved_bytes"], fw
@@ -190,23 +191,23 @@ def segment_plan_report(tmp_path_factory):
 def test_segment_plans_run_bitwise_with_their_policies_checked(segment_plan_report):
     rc, report, md = segment_plan_report
     cases = report["cases"]
-    assert {c["schedule"] for c in cases} == {"none", STORED_TAIL, MIXED}
+    assert {c["plan"] for c in cases} == {"none", STORED_TAIL, MIXED}
     for c in cases:
         assert c["grads_bitwise_equal"] is True and c["loss_bitwise_equal"] is True, c
         assert c["weights_bitwise_equal"] is (None if (c["framework"], c["mode"]) == ("jax", "eager") else True), c
-        if c["schedule"] == MIXED:
+        if c["plan"] == MIXED:
             assert c["policy"] == "save_dots,mlp_only" and c["names_ok"] is True
             assert [b["policy"] for b in c["block_names"]] == ["save_dots", "mlp_only"]
             assert [e["policy"] for e in c["expected_names"]] == ["save_dots", "mlp_only"]
             assert c["predicted_saved_bytes"] is None  # the account does not model policies: "-"
             assert c["recomputed_blocks"] == 4 and c["predicted_peak_units"] == 4
-        if c["schedule"] == MIXED and c["framework"] == "jax":
+        if c["plan"] == MIXED and c["framework"] == "jax":
             # measured: on gpt-tiny a policy segment's 2-layer parameter slice and gradient slice outweigh what
             # the policies save (as for every_k(2)+save_qkv_proj in tests/parity/test_cli.py)
             assert c["status"] == "no_saving" and c["saving"]["cause"], c
         else:
             assert c["status"] == "pass", c
-        if c["schedule"] == STORED_TAIL:
+        if c["plan"] == STORED_TAIL:
             assert c["policy"] == "save_nothing" and c["saved_bytes"] == c["predicted_saved_bytes"], c
     assert all(x["ok"] for x in report["cross_framework"]) and len(report["cross_framework"]) == 3
     assert rc == 1  # the JAX no_saving cases fail the run

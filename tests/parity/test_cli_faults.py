@@ -68,7 +68,6 @@ SECOND_CTRL_C = textwrap.dedent("""
     import os, signal, sys, time
     import rich.console
     from parity.cli import run as cli
-    from parity.cases import suite
 
     def interrupted_run(*args, **kwargs):  # the first Ctrl-C arrives while the suite runs
         os.kill(os.getpid(), signal.SIGINT)
@@ -83,7 +82,7 @@ SECOND_CTRL_C = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(2)
 
-    suite.run_suite = interrupted_run
+    cli.run_suite = interrupted_run
     rich.console.Console.print = print_then_press_again
     sys.exit(cli.main(["run", "--model", "gpt-tiny", "--frameworks", "torch", "--no-progress", "--out", sys.argv[1]]))
 """)

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxremat import sharding as shd
@@ -50,7 +51,7 @@ def worker_rows(tmp_path_factory):
 
 def test_worker_plan_bitwise_against_none_on_mesh(worker_rows):
     _, mesh, _ = worker_rows
-    rows = {r["schedule"]: r for r in mesh["rows"]}
+    rows = {r["plan"]: r for r in mesh["rows"]}
     assert mesh["mesh"] == "fsdp=2" and mesh["layout"] == "fully_sharded"
     assert list(rows) == ["none", "full"]
     for r in rows.values():
@@ -77,7 +78,7 @@ def test_worker_single_vs_multi_reference(worker_rows):
 def test_worker_two_processes_bitwise_against_none_and_one_process(worker_rows):
     out, one, two = worker_rows
     assert two["mesh"] == "fsdp=2" and two["layout"] == "fully_sharded"
-    rows = {r["schedule"]: r for r in two["rows"]}
+    rows = {r["plan"]: r for r in two["rows"]}
     assert list(rows) == ["none", "full"]
     for r in rows.values():
         assert r["status"] == "pass" and r["processes"] == 2 and r["devices"] == 2, r
@@ -226,7 +227,7 @@ def test_stopped_suite_leaves_no_worker_behind(sig, tmp_path):
 def test_previous_report_keeps_its_gradient_files(tmp_path, capsys, monkeypatch):
     # the next run rewrites distributed/: the files the previous report.json names move with it to previous/
     from parity.cli import distributed as cli_distributed
-    from parity.distributed.suite import WorkerError
+    from parity.distributed.launch import WorkerError
 
     out = tmp_path / "r"
     (out / "distributed").mkdir(parents=True)
@@ -248,7 +249,7 @@ def test_previous_report_keeps_its_gradient_files(tmp_path, capsys, monkeypatch)
 def test_overwrite_replaces_the_previous_distributed_files(tmp_path, monkeypatch):
     # --overwrite: no file of the previous run stays beside the new run's (a stale mesh folder would look current)
     from parity.cli import distributed as cli_distributed
-    from parity.distributed.suite import WorkerError
+    from parity.distributed.launch import WorkerError
 
     from parity.report.suite_report import SUITE_MARKER
 
@@ -295,11 +296,16 @@ def test_overwrite_leaves_a_distributed_folder_it_did_not_write(tmp_path, capsys
 
 
 def test_cross_row_without_a_jax_peer_renders():
-    from parity.report.suite_report import cross_row
+    from parity.checks.compare import cross_row
+    from parity.report.suite_report import cross_row as cross_cells
+    from parity.runners.result import RunResult
 
-    row = cross_row({"schedule": "none", "dtype": "float32", "jax_mesh": None, "max_rel_err_grads": None,
-                     "ok": False, "error": "no JAX mesh ran none"})
-    assert row[-1] == "NO" and row[2] == "- (rel)"
+    torch_run = RunResult(loss=np.float32(1.0), grads={"w": np.ones(2, np.float32)}, trained=None, mode="eager")
+    row = cross_row("none", "float32", None, torch_run, 1.0, failure="no JAX mesh ran none",
+                    variant="jax - vs torch ddp=2", jax_mesh=None, torch_mesh="ddp=2")
+    assert row["error"] == "no JAX mesh ran none" and row["jax_mesh"] is None
+    cells = cross_cells(row)
+    assert cells[-1] == "NO" and cells[2] == "-" and cells[1] == "jax - vs torch ddp=2: none"
 
 
 def test_activation_all_reduces_sorts_matmuls_by_pass():
@@ -321,19 +327,17 @@ def test_activation_all_reduces_sorts_matmuls_by_pass():
 
 def test_torch_half_gets_the_seed_and_hparams_of_the_run(tmp_path, monkeypatch):
     # --seed 7 must reach the PyTorch ranks too: with seed 0 there, the cross-framework rows compared other weights
-    from parity.distributed import suite
+    from parity.distributed import launch, suite
     from parity.inputs.presets import get_preset
     from parity.inputs.train import AdamWConfig
 
     seen = {}
 
-    class FakeTorch:
-        @staticmethod
-        def run_torch_distributed(name, world, plans, out, **kwargs):
-            seen.update(kwargs)
-            return []
+    def run_torch_distributed(name, world, plans, out, **kwargs):
+        seen.update(kwargs)
+        return []
 
-    monkeypatch.setattr(suite, "torch_worker", lambda: (FakeTorch, None))
+    monkeypatch.setattr(launch, "run_torch_distributed", run_torch_distributed)
     hparams = AdamWConfig(steps=2)
     suite.run_distributed(get_preset("gpt-tiny"), tmp_path, meshes=("data=2",), plans=("none",), frameworks=("torch",),
                           seed=7, hparams=hparams)

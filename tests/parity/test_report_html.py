@@ -116,7 +116,7 @@ def test_page_numbers_equal_the_python_model_as_the_controls_move(tiny_page, set
 def test_page_shows_the_measured_point_beside_the_prediction(tiny_page):
     page, _ = tiny_page
     shown = _set(page, SETTINGS[0])
-    case = next(c for c in REPORT["cases"] if (c["framework"], c["mode"], c["schedule"]) == ("jax", "jit", "every_k(2)"))
+    case = next(c for c in REPORT["cases"] if (c["framework"], c["mode"], c["plan"]) == ("jax", "jit", "every_k(2)"))
     assert (shown["measured_saved"], shown["measured_peak"]) == (case["saved_bytes"], case["peak_activation_bytes"])
     assert "measured (jit)" in shown["measured_text"] and "measured (eager)" in shown["measured_text"]
     far = _set(page, SETTINGS[2])  # no case at N=24, batch 8

@@ -12,6 +12,7 @@ from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec import parse_schedule
 from jaxremat.spec.plan import parse_plan
 from parity.cases import sweep
+from parity.runners.framework import FRAMEWORK_NAMES, Framework, RunOptions, get_framework
 from parity.runners.jax_memory import measure_jax
 from parity.runners.result import Memory
 from parity.runners.torch_memory import measure_torch
@@ -100,7 +101,7 @@ def test_sweep_and_runner_measure_through_the_same_path():
     """A sweep case's JAX numbers are measure_jax's numbers for the same program (tokens an argument)."""
     cfg = CFG.replace(n_layer=2)
     tokens = (sweep.token_batch(2, 8) % cfg.vocab_size)
-    case = sweep.measure_jax(cfg, tokens, parse_plan("sqrt"), repeats=1)
+    case = get_framework("jax").measure_plan(cfg, tokens, parse_plan("sqrt"), repeats=1)
     params = {k: jnp.asarray(v) for k, v in init_params(cfg).items()}
     tok = jnp.asarray(tokens, jnp.int32)
 
@@ -113,19 +114,19 @@ def test_sweep_and_runner_measure_through_the_same_path():
         (mem.saved_bytes, mem.peak_bytes, mem.peak_activation_bytes)
 
 
-def test_both_runners_take_the_protocol_parameters():
+def test_every_framework_has_every_verb_of_the_protocol_with_its_parameters():
     import inspect
 
-    from parity.runners import jax_runner, torch_runner
-    from parity.runners.result import Runner
-
-    wanted = [(p.name, p.kind) for p in inspect.signature(Runner.__call__).parameters.values() if p.name != "self"]
-    for runner in (jax_runner.run_schedule, torch_runner.run_schedule):
-        got = inspect.signature(runner).parameters
-        assert all(name in got and got[name].kind == kind for name, kind in wanted), runner.__module__
+    verbs = {n: inspect.signature(f) for n, f in vars(Framework).items() if inspect.isfunction(f) and not n.startswith("_")}
+    assert {"run_plan", "run_user_stack", "measure_plan", "kept_names", "planner_chain", "no_saving_cause"} <= set(verbs)
+    for name in FRAMEWORK_NAMES:
+        fw = get_framework(name)
+        assert fw.info.name == name
+        for verb, sig in verbs.items():
+            got = inspect.signature(getattr(type(fw), verb))
+            assert list(got.parameters) == list(sig.parameters), (name, verb)
     with pytest.raises(ValueError, match="eagerly"):
-        torch_runner.run_schedule(CFG, init_params(CFG), TOKENS, parse_schedule("none"), mode="jit",
-                                  hparams=None)
+        get_framework("torch").run_plan("jit", CFG, init_params(CFG), TOKENS, parse_plan("none"), RunOptions(hparams=None))
 
 
 @pytest.mark.parametrize("plan", ["full+save_dots", "full+save_qkv_proj"])
@@ -135,12 +136,12 @@ def test_sweep_counts_what_a_torch_policy_keeps_as_the_runner_does(plan):
     Measured before the one measurement path: the sweep gave every policy plan ``full``'s saved bytes.
     """
     from parity.inputs.train import AdamWConfig
-    from parity.runners import torch_runner
 
     plan = parse_plan(plan)
     tokens = sweep.token_batch(2, 8) % CFG.vocab_size
-    case = sweep.measure_torch(CFG, tokens, plan, repeats=1)
-    full = sweep.measure_torch(CFG, tokens, parse_plan("full"), repeats=1)
-    res = torch_runner.run_schedule(CFG, init_params(CFG), tokens, plan.schedule, mode="eager", hparams=AdamWConfig(),
-                                    timing_repeats=1, policy=plan.policy)
+    torch_fw = get_framework("torch")
+    case = torch_fw.measure_plan(CFG, tokens, plan, repeats=1)
+    full = torch_fw.measure_plan(CFG, tokens, parse_plan("full"), repeats=1)
+    res = torch_fw.run_plan("eager", CFG, init_params(CFG), tokens, plan, RunOptions(hparams=AdamWConfig(),
+                                                                                     timing_repeats=1))
     assert case["saved_bytes"] == res.memory.saved_bytes > full["saved_bytes"]

@@ -26,7 +26,7 @@ REF = _res(1000, 10_000, 8000, dots=40)
 
 
 def _case(plan, res, framework="torch"):
-    case = {"status": "pass", "schedule": plan}
+    case = {"status": "pass", "plan": plan}
     attach_saving(case, framework, CFG, 2, 8, parse_plan(plan), res, REF)
     return case
 
@@ -53,14 +53,17 @@ def test_torch_peak_without_live_activations_is_named():
                          memory=dataclasses.replace(res.memory, peak_breakdown=breakdown))
 
     ref = at_peak(1000)
-    case = {"status": "pass", "schedule": "every_k(2)"}
+    case = {"status": "pass", "plan": "every_k(2)"}
     attach_saving(case, "torch", CFG, 2, 8, parse_plan("every_k(2)"), at_peak(300), ref)
     assert case["status"] == STATUS and "no saved activation is live" in case["saving"]["cause"]
     assert "ACT 8 B" in case["saving"]["cause"]
+    # what would make remat matter: none's 1000 saved bytes against the 8000-byte temporary at the peak
+    assert "10% of the step's peak" in case["saving"]["cause"] and "8.0x this batch or length (B=16 or T=64)" in \
+        case["saving"]["cause"]
     # with activations live at the peak the cause stays the allocator's
     live = dataclasses.replace(ref.memory, peak_breakdown={"ACT": 900, "TEMP": 10})
     ref_live = RunResult(loss=ref.loss, grads={}, trained=None, mode="eager", memory=live)
-    case = {"status": "pass", "schedule": "every_k(2)"}
+    case = {"status": "pass", "plan": "every_k(2)"}
     attach_saving(case, "torch", CFG, 2, 8, parse_plan("every_k(2)"), at_peak(300), ref_live)
     assert "the allocator's peak did not drop" in case["saving"]["cause"]
 
@@ -83,40 +86,36 @@ def test_no_promise_no_judgement_and_a_failed_case_stays_failed():
     same = _res(1000, 10_000, 8000)
     case = _case("full+save_everything", same)
     assert case["status"] == "pass" and case["saving"]["promised"] is False and case["saving"]["realized"] is None
-    case = {"status": "fail", "schedule": "full"}
+    case = {"status": "fail", "plan": "full"}
     attach_saving(case, "torch", CFG, 2, 8, parse_plan("full"), _res(10, 10_000, 8000), REF)
     assert case["status"] == "fail" and case["saving"]["realized"] is False
 
 
 def test_suite_records_the_realized_saving_of_each_case():
-    suite = SuiteConfig(name="quick", preset=get_preset("gpt-tiny"), schedules=("every_k(2)",),
+    suite = SuiteConfig(name="quick", preset=get_preset("gpt-tiny"), plans=("every_k(2)",),
                         frameworks=("torch",), timing_repeats=1)
     report = run_suite(suite)
-    case = next(c for c in report["cases"] if c["schedule"] == "every_k(2)")
+    case = next(c for c in report["cases"] if c["plan"] == "every_k(2)")
     assert case["status"] == "pass" and case["saving"]["realized"] and case["saving"]["peak_activation_ratio"] < 1.0
     assert report_passed(report)
 
 
-def test_jax_whole_stack_segment_measured_is_no_saving():
+def test_jax_whole_stack_segment_measured_is_no_saving(run_framework):
     """Real compiled memory: every_k(2) at N=2 recomputes the whole stack at once and saves nothing."""
     from jaxremat.spec import parse_schedule
     from jaxremat.models import init_params
-    from parity.inputs.train import AdamWConfig
-    from parity.runners import jax_runner
 
     cfg = CFG.replace(n_layer=2)
     params = init_params(cfg, seed=0)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.max_seq_len + 1))
 
     def run(name):
-        plan = parse_plan(name)
-        return jax_runner.run_schedule(cfg, params, tokens, plan.schedule, mode="jit", hparams=AdamWConfig(),
-                                       timing_repeats=1, with_reverse_loop=False, seed=0, with_training=False,
-                                       policy=plan.policy)
+        return run_framework("jax", cfg, params, tokens, name, mode="jit", timing_repeats=1, with_reverse_loop=False,
+                             seed=0, with_training=False)
 
     ref = run("none")
     for name, expect in (("every_k(2)", STATUS), ("sqrt", "pass")):
-        case = {"status": "pass", "schedule": name}
+        case = {"status": "pass", "plan": name}
         attach_saving(case, "jax", cfg, 2, cfg.max_seq_len, parse_plan(name), run(name), ref)
         assert case["status"] == expect, (name, case["saving"])
     assert parse_schedule("sqrt").segments_for(2)[0].checkpointed
@@ -126,7 +125,7 @@ def test_no_saving_lines_tell_dropout_cases_apart():
     # minilm-l6 runs every plan with dropout 0 and 0.1: each no_saving line names which
     from parity.report.suite_report import no_saving_line
 
-    base = {"framework": "torch", "mode": "eager", "dtype": "float32", "schedule": "sqrt", "status": STATUS,
+    base = {"framework": "torch", "mode": "eager", "dtype": "float32", "plan": "sqrt", "status": STATUS,
             "saving": {"peak_activation_ratio": 1.0, "cause": "why"}}
     off, on = no_saving_line({**base, "dropout": 0.0}), no_saving_line({**base, "dropout": 0.1})
     assert off.startswith("torch/eager float32 sqrt:") and on.startswith("torch/eager float32 dropout 0.1 sqrt:")

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from jaxremat.spec import parse_schedule
 from jaxremat.models import TransformerConfig, init_params
 from parity.inputs.train import AdamWConfig
 from parity.cases import stress_frozen
@@ -19,12 +18,12 @@ MODES = {("jax", "jit"), ("jax", "eager"), ("torch", "eager")}
 
 
 def test_stress_suite_lists_every_variant_and_the_user_stack_variants_pass():
-    suite = SuiteConfig(name="stress", preset=get_preset("gpt-tiny"), schedules=("every_k(2)",), timing_repeats=1)
+    suite = SuiteConfig(name="stress", preset=get_preset("gpt-tiny"), plans=("every_k(2)",), timing_repeats=1)
     assert {"bf16", "frozen", "running_stats", "dropout(0.1)+noise", "dropout(0.5)+noise"} == set(VARIANTS)
     report = run_stress(suite, variants=("running_stats", "dropout(0.5)+noise"),
                         user_stack=UserStack(d_model=16, d_ff=32, batch=2, seq=8))
     cases = report["cases"]
-    assert {(c["variant"], c["framework"], c["mode"], c["schedule"]) for c in cases} == {
+    assert {(c["variant"], c["framework"], c["mode"], c["plan"]) for c in cases} == {
         (v, f, m, s) for v in ("running_stats", "dropout(0.5)+noise") for f, m in MODES for s in ("none", "every_k(2)")}
     for c in cases:
         assert c["status"] == "pass", c
@@ -42,10 +41,9 @@ HP = AdamWConfig(steps=2)
 
 
 @pytest.fixture(scope="module")
-def frozen_runs():
+def frozen_runs(run_framework):
     params = init_params(CFG, seed=1)
-    runs = {(fw, s): (stress_frozen.run_jax(CFG, params, TOKENS, parse_schedule(s), mode="jit", hparams=HP)
-                      if fw == "jax" else stress_frozen.run_torch(CFG, params, TOKENS, parse_schedule(s), hparams=HP))
+    runs = {(fw, s): run_framework(fw, CFG, params, TOKENS, s, hparams=HP, frozen=True)
             for fw in ("jax", "torch") for s in ("none", "every_k(2)")}
     return params, runs
 

@@ -13,23 +13,23 @@ TIMING_KEYS = {"step_time_s", "step_times_s", "time_overhead", "time_overhead_ra
 
 
 def _suite(**kw):
-    return SuiteConfig(name="quick", preset=get_preset("gpt-tiny"), schedules=("full", "every_k(2)", "sqrt"),
+    return SuiteConfig(name="quick", preset=get_preset("gpt-tiny"), plans=("full", "every_k(2)", "sqrt"),
                        frameworks=("torch",), timing_repeats=1, **kw)
 
 
 def test_crashing_case_is_recorded_and_the_rest_still_run(monkeypatch):
-    real = torch_runner.run_schedule
+    real = torch_runner.run_plan
 
-    def flaky(cfg, params, tokens, schedule, **kw):
-        if schedule.name == "every_k(2)":
+    def flaky(mode, cfg, params, tokens, plan, options):
+        if plan.name == "every_k(2)":
             raise RuntimeError("simulated crash inside one case")
-        return real(cfg, params, tokens, schedule, **kw)
+        return real(mode, cfg, params, tokens, plan, options)
 
-    monkeypatch.setattr(torch_runner, "run_schedule", flaky)
+    monkeypatch.setattr(torch_runner, "run_plan", flaky)
     report = run_suite(_suite())
-    status = {c["schedule"]: c["status"] for c in report["cases"]}
+    status = {c["plan"]: c["status"] for c in report["cases"]}
     assert status == {"none": "pass", "full": "pass", "every_k(2)": "error", "sqrt": "pass"}
-    crashed = next(c for c in report["cases"] if c["schedule"] == "every_k(2)")
+    crashed = next(c for c in report["cases"] if c["plan"] == "every_k(2)")
     assert "simulated crash" in crashed["error"]
     assert not report_passed(report)
 

@@ -20,7 +20,7 @@ def report():
 
 def test_saved_bytes_equal_the_model_in_both_frameworks(report):
     cases = [c for c in report["cases"] if not c["error"]]
-    assert len(cases) == 8 and report["schema"] == SWEEP_SCHEMA_VERSION == 3
+    assert len(cases) == 8 and report["schema"] == SWEEP_SCHEMA_VERSION == 4
     for c in cases:
         assert c["status"] == "measured" and c["compared_with"] == (None if c["plan"] == "none" else "none")
         assert c["saved_bytes"] == c["predicted_saved_bytes"], c
@@ -67,16 +67,17 @@ def test_markdown_rows_keep_their_columns_with_an_odd_error(report):
 
 def test_a_plan_is_measured_when_none_fails_at_its_depth(monkeypatch):
     """The sweep is a case set of the one case loop that measures: none's failure is recorded, the rest run."""
-    from parity.cases import sweep as sweep_module
+    from parity.runners.framework import get_framework
 
-    measured = sweep_module.measure_torch
+    torch_fw = get_framework("torch")
+    measured = torch_fw.measure_plan
 
     def none_does_not_fit(cfg, tokens, plan, repeats):
         if plan.name == "none" and cfg.n_layer == 2:
             raise MemoryError("none does not fit at N=2")
         return measured(cfg, tokens, plan, repeats)
 
-    monkeypatch.setattr(sweep_module, "measure_torch", none_does_not_fit)
+    monkeypatch.setattr(torch_fw, "measure_plan", none_does_not_fit)
     got = run_sweep(SweepConfig(depths=(1, 2), plans=("none", "full"), frameworks=("torch",), config=TINY,
                                 batch_size=2, seq_len=8, frontier_depth=None, timing_repeats=1))
     by = {(c["n_layer"], c["plan"]): c for c in got["cases"]}
@@ -110,7 +111,8 @@ def test_cli_sweep_writes_json_markdown_and_plots(tmp_path):
     assert set(data["slopes"]["torch"]) == {"none", "full"}
     md = (tmp_path / "sweep.md").read_text()
     assert "report-data" in (tmp_path / "report.html").read_text()
-    assert "- not assessed: JAX did not run in this sweep (--frameworks torch)" in md and "realized" not in md
+    assert ("- not assessed: no framework of this sweep compiles a program (--frameworks torch)" in md
+            and "realized" not in md)
     assert data["complete"] is True and data["environment"]["versions"]["torch"]
     for png in ("memory_vs_depth.png", "frontier.png", "block_bytes.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"({png})" in md

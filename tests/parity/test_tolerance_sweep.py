@@ -6,13 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from jaxremat.spec import parse_schedule
-from parity.runners import jax_runner
-from parity.runners import torch_runner
 from parity.checks.compare import compare_bitwise
 from parity.inputs.presets import get_preset
 from parity.experiments.tolerance_sweep import Setting, default_settings, markdown, rows, run_setting, summary
-from parity.experiments.tolerance_worker import torch_loss_and_grads, variant_inputs
+from parity.experiments.tolerance_worker import loss_and_grads, variant_inputs
 
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 
@@ -59,14 +56,14 @@ def test_run_setting_refuses_an_instruction_set_this_cpu_lacks(setting, monkeypa
         run_setting(setting, "gpt-tiny", {"float32": ["none"]}, flags={"sse4_2", "avx", "avx2"})
 
 
-def test_sweep_torch_path_is_the_runners_bitwise():
+def test_sweep_torch_path_is_the_runners_bitwise(run_framework):
     # the sweep's lean PyTorch path computes exactly what the suite's runner does
     cfg, params, tokens, _ = variant_inputs(get_preset("gpt-tiny"), "float32")
     from parity.inputs.train import AdamWConfig
 
-    full = torch_runner.run_schedule(cfg, params, tokens, parse_schedule("sqrt"), hparams=AdamWConfig(steps=1),
-                                     timing_repeats=1, with_reverse_loop=False)
-    lean = torch_loss_and_grads(cfg, params, tokens, parse_schedule("sqrt"))
+    full = run_framework("torch", cfg, params, tokens, "sqrt", hparams=AdamWConfig(steps=1), timing_repeats=1,
+                         with_reverse_loop=False)
+    lean = loss_and_grads("torch", cfg, params, tokens, "sqrt")
     assert compare_bitwise({"loss": lean.loss, **lean.grads}, {"loss": full.loss, **full.grads}).equal
 
 

@@ -22,7 +22,7 @@ def run(tmp_path_factory):
 
 def test_rows_cover_both_meshes_none_first(run):
     _, rows = run
-    assert [(r.mesh, r.layout, r.schedule) for r in rows] == [
+    assert [(r.mesh, r.layout, r.plan) for r in rows] == [
         ("ddp=2", "data_parallel", "none"), ("ddp=2", "data_parallel", "sqrt"),
         ("fsdp2=2", "fully_sharded", "none"), ("fsdp2=2", "fully_sharded", "sqrt")]
     assert all(r.devices == 2 and r.processes == 2 and r.framework == "torch" for r in rows)
@@ -53,7 +53,7 @@ def test_gradients_equal_mean_of_per_shard_single_device_gradients(run):
         model_loss(model, shard, "none").backward()
         shard_grads.append(model.to_params(grads=True))
     for r in rows:
-        if r.schedule == "none":
+        if r.plan == "none":
             saved = load_file(r.grads_file)
             for k, v in saved.items():
                 mean = (shard_grads[0][k] + shard_grads[1][k]) / np.float32(2)
@@ -70,7 +70,7 @@ def test_full_batch_gradient_differs_by_summation_order_only(run):
 
 def test_per_rank_memory_falls_with_sharding_and_remat(run):
     _, rows = run
-    mem = {(r.mesh, r.schedule): r.memory for r in rows}
+    mem = {(r.mesh, r.plan): r.memory for r in rows}
     for plan in ("none", "sqrt"):
         assert mem[("fsdp2=2", plan)].params_bytes * 2 == mem[("ddp=2", plan)].params_bytes
         assert mem[("fsdp2=2", plan)].peak_bytes < mem[("ddp=2", plan)].peak_bytes
@@ -86,7 +86,7 @@ def test_per_rank_activations_beside_their_prediction(run):
     _, rows = run
     for r in rows:
         ratio = r.memory.activation_bytes / r.memory.predicted["activation_bytes"]
-        assert 0.8 <= ratio <= 1.5, (r.mesh, r.schedule, ratio)  # margin: FSDP2 buffers live by the ranks timing
+        assert 0.8 <= ratio <= 1.5, (r.mesh, r.plan, ratio)  # margin: FSDP2 buffers live by the ranks timing
 
 
 @pytest.mark.parametrize("args, message", [

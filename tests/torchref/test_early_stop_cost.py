@@ -1,5 +1,5 @@
 """torchref.early_stop_cost: what early stop off costs, measured (the numbers docs/framework-differences.md
-section 10 quotes come from ``python -m torchref.early_stop_cost``)."""
+section 10 quotes come from ``python -m parity.experiments.early_stop_cost``)."""
 
 from jaxremat.models import TransformerConfig
 from torchref import render

@@ -108,3 +108,60 @@ def test_model_blocks_never_warn(policy):
     model = GPT.from_params(cfg, init_params(cfg, seed=0))
     tokens = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(0))
     _no_warning(lambda: model_loss(model, tokens, full, policy=policy).backward())
+
+
+class OutMatmul(torch.autograd.Function):
+    """``tanh(x @ w)`` computed into a buffer of its own (``torch.mm(..., out=)``), as torch.compile's
+    inductor kernels do (they call ``aten.addmm.out`` / ``aten.bmm.out`` inside the compiled function)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        buf = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype)
+        y = torch.tanh(torch.mm(x, w, out=buf))
+        ctx.save_for_backward(x, w, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w, y = ctx.saved_tensors
+        gz = g * (1 - y * y)
+        return gz @ w.T, x.T @ gz
+
+
+class OutBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(D, D) / D)
+
+    def forward(self, x):
+        return x + OutMatmul.apply(x, self.w)
+
+
+@pytest.mark.parametrize("plan", ["full+save_dots", "sqrt+minimal"])
+def test_products_run_as_out_variants_warn_that_they_ran_and_cannot_be_kept(plan):
+    with pytest.warns(RematPolicyWarning) as rec:
+        _run([OutBlock() for _ in range(3)], plan)
+    (message,) = [str(w.message) for w in rec]
+    assert "ran as out= variants (aten.mm.out x" in message and "no matrix product" not in message
+    assert "backend='aot_eager'" in message and "activation_memory_budget" in message
+
+
+def test_policy_under_no_grad_does_not_warn():
+    # no checkpoint runs under no_grad, so the policy sees no op: nothing to warn about
+    with torch.no_grad():
+        _no_warning(lambda: forward_blocks([MLPBlock() for _ in range(3)], torch.randn(4, D), "full+save_dots"))
+
+
+def test_blocks_compiled_with_aot_eager_keep_their_products_bitwise():
+    torch.manual_seed(0)
+    blocks = [torch.compile(MLPBlock(), backend="aot_eager") for _ in range(2)]
+    x = torch.randn(4, D)
+    grads = {}
+    for plan in ("none", "full+save_dots"):
+        sac = SelectiveCheckpoint("save_dots") if plan != "none" else None
+        _no_warning(lambda: forward_blocks(blocks, x, parse_plan(plan).schedule, policy=sac).square().sum().backward())
+        grads[plan] = [p.grad.clone() for b in blocks for p in b.parameters()]
+        for b in blocks:
+            b.zero_grad(set_to_none=True)
+    assert [r.op for r in sac.records] == ["aten.addmm.default"] * 4  # fc1, fc2 of each block
+    assert all(torch.equal(a, b) for a, b in zip(grads["full+save_dots"], grads["none"]))

@@ -49,7 +49,7 @@ def encoder_chain_base(cfg, batch: int, seq: int, itemsize: int) -> dict:
     Raises:
         ValueError: a family other than BERT, or bad sizes.
     """
-    if getattr(cfg, "arch", None) != "bert":
+    if cfg.arch != "bert":
         raise ValueError(f"encoder_chain plans the BERT encoder block; cfg.arch is {cfg.arch!r}")
     if batch < 1 or not 1 <= seq <= cfg.max_seq_len:
         raise ValueError(f"need batch >= 1 and 1 <= seq <= {cfg.max_seq_len}, got batch={batch}, seq={seq}")

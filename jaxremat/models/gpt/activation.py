@@ -271,11 +271,18 @@ def predict_peak_activation_bytes(framework: str, cfg: TransformerConfig, batch:
     """
     segs = schedule.segments_for(cfg.n_layer)
     unit, bnd = layer_bytes(framework, cfg, batch, seq), boundary_bytes(cfg, batch, seq)
-    inv = stack_invariant_bytes(framework, cfg, batch, seq)
+    inv = chain_invariant_bytes(framework, cfg, batch, seq)
     outside = sum(t.bytes for t in outside_tensors(framework, cfg, batch, seq))
-    stack = max(_chain_peak(segs, unit, bnd, inv if framework == "jax" else 0),
+    stack = max(_chain_peak(segs, unit, bnd, inv),
                 predict_saved_bytes(framework, cfg, batch, seq, schedule) - outside)
     return non_stack_peak_bytes(framework, cfg, batch, seq) + stack
+
+
+def chain_invariant_bytes(framework: str, cfg: TransformerConfig, batch: int, seq: int) -> int:
+    """The stack invariants the chain's peak holds while a segment is recomputed: JAX's
+    :func:`stack_invariant_bytes` (kept once per stack by the compiled loop); 0 in PyTorch, whose
+    recompute builds its own masks."""
+    return stack_invariant_bytes(framework, cfg, batch, seq) if framework == "jax" else 0
 
 
 def non_stack_peak_bytes(framework: str, cfg: TransformerConfig, batch: int, seq: int) -> int:

@@ -1,28 +1,33 @@
-"""parity.runners.torch_runner.run_schedule: the uniform torch entry point of the parity harness."""
+"""The PyTorch framework's run_plan (parity.runners.torch_runner): the harness's PyTorch door."""
 
 import warnings
 
 import numpy as np
 import pytest
 
-from jaxremat.spec import full, none
 from jaxremat.models import TransformerConfig, init_params
+from jaxremat.spec.plan import parse_plan
 from parity.inputs.train import AdamWConfig
+from parity.runners.framework import RunOptions, get_framework
 from parity.runners.result import Memory, RunResult
-from parity.runners.torch_runner import run_schedule
 
 CFG = TransformerConfig(vocab_size=64, n_layer=3, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 TOKENS = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, CFG.max_seq_len + 1))
 HPARAMS = AdamWConfig(steps=2)
+none, full = parse_plan("none"), parse_plan("full")
+
+
+def run_plan(cfg, params, tokens, plan, *, hparams, **options):
+    return get_framework("torch").run_plan("eager", cfg, params, tokens, plan, RunOptions(hparams=hparams, **options))
 
 
 @pytest.fixture(scope="module")
 def results():
     params = init_params(CFG)
-    return params, {s.name: run_schedule(CFG, params, TOKENS, s, hparams=HPARAMS, timing_repeats=1) for s in (none, full)}
+    return params, {s.name: run_plan(CFG, params, TOKENS, s, hparams=HPARAMS, timing_repeats=1) for s in (none, full)}
 
 
-def test_run_schedule_returns_a_typed_result(results):
+def test_run_plan_returns_a_typed_result(results):
     params, runs = results
     for run in runs.values():
         assert isinstance(run, RunResult) and isinstance(run.memory, Memory)
@@ -57,19 +62,19 @@ def test_remat_matches_none_and_reverse_loop(results):
     assert ckpt.memory.saved_bytes < ref.memory.saved_bytes
 
 
-def test_run_schedule_with_dropout_is_reproducible():
+def test_run_plan_with_dropout_is_reproducible():
     cfg = CFG.replace(dropout=0.2)
     params = init_params(cfg)
-    a, b = (run_schedule(cfg, params, TOKENS, s, hparams=AdamWConfig(steps=1), timing_repeats=1, seed=7) for s in (none, full))
+    a, b = (run_plan(cfg, params, TOKENS, s, hparams=AdamWConfig(steps=1), timing_repeats=1, seed=7) for s in (none, full))
     assert np.array_equal(a.loss, b.loss)
     assert all(np.array_equal(a.grads[k], b.grads[k]) for k in params)
     assert all(np.array_equal(b.reverse_loop_grads[k], b.grads[k]) for k in params)
 
 
-def test_run_schedule_rejects_float_tokens_and_accepts_read_only_arrays():
+def test_run_plan_rejects_float_tokens_and_accepts_read_only_arrays():
     params = init_params(CFG)
     with pytest.raises(ValueError, match="integer"):
-        run_schedule(CFG, params, TOKENS.astype(np.float32), none, hparams=HPARAMS)
+        run_plan(CFG, params, TOKENS.astype(np.float32), none, hparams=HPARAMS)
     frozen = {k: v.copy() for k, v in params.items()}
     for v in frozen.values():
         v.flags.writeable = False  # as np.asarray of a jax.Array gives
@@ -77,5 +82,5 @@ def test_run_schedule_rejects_float_tokens_and_accepts_read_only_arrays():
     tokens.flags.writeable = False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        run = run_schedule(CFG, frozen, tokens, none, hparams=AdamWConfig(steps=1), timing_repeats=1, with_reverse_loop=False)
+        run = run_plan(CFG, frozen, tokens, none, hparams=AdamWConfig(steps=1), timing_repeats=1, with_reverse_loop=False)
     assert run.reverse_loop_grads is None
