@@ -40,8 +40,10 @@ import numpy as np
 from jax import lax
 from jax._src import core as jcore
 from jax._src.interpreters import partial_eval as pe
+from jax.extend.core.primitives import remat_p
 
-__all__ = ["LayerProgram", "Pullback", "alive", "isolate", "predicate", "rebuild", "take", "tie"]
+__all__ = ["LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild", "take",
+           "tie"]
 
 _tree = jax.tree_util
 
@@ -117,6 +119,40 @@ def isolate(fn: Callable, operand, pred_value):
                   for z, a in zip(leaves, out_avals)]
         return jax.tree_util.tree_unflatten(out_tree, leaves)
     return lax.cond(pred, fn, zeros, operand)
+
+
+def differentiated_policy(fn: Callable, params, carry, xs, consts, policy: Callable) -> Callable:
+    """``policy`` as ``jax.checkpoint`` hands it to its rules when JAX differentiates one layer here.
+
+    A trace only (nothing of it enters the program): the JVP of ``jax.checkpoint(fn, policy=policy)``
+    over one layer, and the policy of the ``remat2`` equation it binds. That is ``policy`` itself,
+    unless a tool watching remat regions replaced JAX's rule (:mod:`jaxremat.doctor` records the
+    layer as a region where it is differentiated, and may swap the policy): :class:`LayerProgram`
+    splits the layer with the policy so returned, so the tool sees and steers this region as it does
+    a ``jax.checkpoint``.
+
+    Args:
+        fn: ``(layer_params, carry, layer_xs, consts) -> (carry, y)``.
+        params, xs: the stacked parameters and per-layer inputs (leading layer axis), or avals.
+        carry, consts: as :class:`LayerProgram` takes them.
+        policy: a ``jax.checkpoint`` policy.
+    """
+    args = (_abstract(params, True), _abstract(carry, False), _abstract(xs, True), _abstract(consts, False))
+    flat, in_tree = _tree.tree_flatten(args)
+    floats = [jnp.issubdtype(a.dtype, jnp.inexact) for a in flat]
+
+    def probe(*leaves):
+        def layer(*diff):
+            it = iter(diff)
+            full = [next(it) if f else a for a, f in zip(leaves, floats)]
+            return fn(*_tree.tree_unflatten(in_tree, full))
+        diff = [a for a, f in zip(leaves, floats) if f]
+        return jax.jvp(jax.checkpoint(layer, policy=policy), diff, diff)
+
+    for eqn in jax.make_jaxpr(probe)(*flat).jaxpr.eqns:
+        if eqn.primitive is remat_p:
+            return eqn.params["policy"]
+    return policy
 
 
 @dataclasses.dataclass

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .layer_pass import LayerProgram, alive, isolate, predicate, rebuild, take, tie
+from .layer_pass import LayerProgram, alive, differentiated_policy, isolate, predicate, rebuild, take, tie
 from .spec.schedules import Segment
 
 __all__ = ["remat_segments"]
@@ -168,9 +168,13 @@ class _Stack:
     that nothing reads are read into a value that is (:func:`jaxremat.layer_pass.tie`).
     """
 
-    def __init__(self, fn, params, xs, consts, policy, carry_template, pred_source, ct_ys=None, lean=False):
+    def __init__(self, fn, params, xs, consts, policy, carry_template, pred_source, ct_ys=None, lean=False,
+                 as_differentiated=None):
         self.fn, self.params, self.xs, self.consts, self.policy = fn, params, xs, consts, policy
         self.carry_template, self.ct_ys, self.lean = carry_template, ct_ys, lean
+        # policy -> the policy as JAX differentiates it (:func:`differentiated_policy`); shared by the
+        # forward and backward passes' stacks, so that each policy is asked once
+        self.as_differentiated = {} if as_differentiated is None else as_differentiated
         self.pred = predicate(pred_source)
         self._programs: dict = {}
 
@@ -183,8 +187,14 @@ class _Stack:
         """
         key = (id(policy), carry_out or policy is None)
         if key not in self._programs:
+            split = policy
+            if policy is not None:
+                if id(policy) not in self.as_differentiated:
+                    self.as_differentiated[id(policy)] = (policy, differentiated_policy(
+                        self.fn, self.params, self.carry_template, self.xs, self.consts, policy))
+                split = self.as_differentiated[id(policy)][1]
             self._programs[key] = (policy, LayerProgram(self.fn, self.params, self.xs, self.consts,
-                                                        self.carry_template, policy, self.pred, key[1]))
+                                                        self.carry_template, split, self.pred, key[1]))
         return self._programs[key][1]
 
     def plain(self, base, length: int, c):
@@ -376,13 +386,15 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         per_segment, policy = tuple(policy), None
     carry_template = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), carry)
     source = _predicate_source(params, consts, xs)
+    as_differentiated: dict = {}
 
     @jax.custom_vjp
     def run(params, carry, xs, consts):
         return _Stack(fn, params, xs, consts, policy, carry_template, None).plain(0, n_layer, carry)
 
     def run_fwd(params, carry, xs, consts):
-        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, carry), lean=lean)
+        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, carry), lean=lean,
+                       as_differentiated=as_differentiated)
         c, ys, residuals, live = stack.forward(segments, 0, carry, alive(), per_segment)
         if _groups(segments, stack._policies(segments, per_segment))[-1].checkpointed:
             # the last segment's unused residuals: read into its boundary
@@ -394,7 +406,7 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         params, xs, consts, residuals = saved
         ct_c, ct_ys = ct
         stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, ct_c), ct_ys=ct_ys,
-                       lean=lean)
+                       lean=lean, as_differentiated=as_differentiated)
         state = (_ct_slots(ct_c, carry_template), _zeros(params), _zeros(xs), _zeros(consts))
         ct_c, gp, gx, gk = stack.backward(segments, 0, residuals, state, alive(), per_segment)
         unflat = lambda tree, slots: _tree.tree_unflatten(_tree.tree_structure(tree), slots)
