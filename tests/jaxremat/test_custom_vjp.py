@@ -135,7 +135,7 @@ def test_runs_counted_in_the_program_match_callbacks_at_run_time():
 # saved activation bytes (jaxpr level), in units of one (B, D) float32 activation; none keeps 9
 BYTES = {
     "reverse_loop": {"recompute": {"full": 5, "every_k(2)": 3, "sqrt": 5},
-                     "save": {"none": 9, "full": 13, "every_k(2)": 13, "sqrt": 11}},
+                     "save": {"none": 9, "full": 9, "every_k(2)": 9, "sqrt": 9}},
     "checkpoint": {"recompute": {"full": 5, "every_k(2)": 3, "sqrt": 6},
                    "save": {"none": 9, "full": 9, "every_k(2)": 11, "sqrt": 10}},
 }
@@ -143,9 +143,10 @@ BYTES = {
 
 @pytest.mark.parametrize("method", list(BYTES))
 def test_saved_bytes_per_choice_beside_none(method):
-    """Save keeps the rule's ``x @ w`` and output per checkpointed layer, beside each segment's boundary;
-    in the reverse loop every checkpointed layer is then a segment of its own (its input kept:
-    ``every_k(2)`` keeps what ``full`` keeps)."""
+    """Save keeps the rule's ``x @ w`` per checkpointed layer, beside each segment's boundary; in the
+    reverse loop every checkpointed layer is then a segment of its own whose input is its boundary
+    (the rule's ``x``), so every schedule keeps what ``none`` keeps: 4 inputs, 4 ``x @ w`` and the
+    loss's ``2 * out``, and the rule's ``fwd`` runs once per layer."""
     none = saved_activation_bytes(loss("none", method), W, X)
     assert none == 9 * UNIT
     for choice, per_schedule in BYTES[method].items():
