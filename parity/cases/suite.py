@@ -210,8 +210,7 @@ class _SuiteCases:
             return _Planned(r, self._run(framework, mode, r.plan, again=False))
         B, T = self.suite.preset.batch_size, self.suite.preset.seq_len
         r = resolve(plan, framework, self.cfg, B, T, self.refs[(framework, mode)],
-                    lambda p: self._run(framework, mode, p, again=False),
-                    min_checkpoint_length=self.suite.preset.min_checkpoint_length.get(framework, 1))
+                    lambda p: self._run(framework, mode, p, again=False))
         self.resolved[key] = r
         return _Planned(r, r.result)
 

@@ -138,14 +138,16 @@ def test_the_encoder_chain_is_measured_on_its_block_and_its_plan_runs():
     assert menu[0].kept_bytes > menu[2].kept_bytes > 0 == menu[1].kept_bytes
     store_all = chain_costs(chain["options_per_block"], [(4, "store")], chain["boundary_bytes"])[0]
     from jaxremat.spec.planner import min_peak_plan
-    budget = (min_peak_plan(chain["options_per_block"], chain["boundary_bytes"], min_checkpoint_length=2)[0]
-              + store_all) // 2
-    r = plan_model(BERT, 4, T, budget, min_checkpoint_length=2)
-    assert r.recompute_flops > 0 and r.peak_bytes <= budget and all(s.length >= 2 for s in r.plan.segments if s.checkpointed)
+    budget = (min_peak_plan(chain["options_per_block"], chain["boundary_bytes"])[0] + store_all) // 2
+    r = plan_model(BERT, 4, T, budget)
+    # the space holds one-block checkpointed segments (bitwise under jit, docs/framework-differences.md, 2)
+    assert r.recompute_flops > 0 and r.peak_bytes <= budget
+    assert any(s.length == 1 and s.checkpointed for s in r.plan.segments), r.plan
     params = {k: jnp.asarray(v) for k, v in init_params(BERT).items()}
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 64, (4, T)))
-    grads = [jax.grad(encoder_loss)(params, tokens, BERT, s) for s in (parse_schedule("none"), r.plan)]
-    for k in grads[0]:  # op by op: the plan changes no bit
+    grad = jax.jit(jax.grad(encoder_loss), static_argnums=(2, 3))
+    grads = [grad(params, tokens, BERT, s) for s in (parse_schedule("none"), r.plan)]
+    for k in grads[0]:  # under jit: the plan changes no bit
         assert np.array_equal(np.asarray(grads[0][k]), np.asarray(grads[1][k])), k
     with pytest.raises(ValueError, match="encoder_chain plans the BERT"):
         from jaxremat.planner import encoder_chain
