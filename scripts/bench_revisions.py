@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLANS = ("none", "full", "every_k(2)", "sqrt", "segments(4)")
 
 WORKER = r"""
-import json, sys, time
+import json, statistics, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jaxremat.model import loss_fn
 from jaxremat.models import init_params
@@ -62,7 +62,9 @@ def export(rev: str, into: str) -> str:
 def measure(tree: str, model: str, plan: str, steps: int) -> dict:
     env = dict(os.environ, PYTHONPATH=tree)
     out = subprocess.run([sys.executable, "-c", WORKER, model, plan, str(steps)], env=env, capture_output=True,
-                         text=True, check=True, cwd=tree)
+                         text=True, cwd=tree)
+    if out.returncode:
+        raise RuntimeError(f"{tree} {plan}: the worker failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
