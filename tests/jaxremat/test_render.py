@@ -126,12 +126,9 @@ def test_jit_one_layer_segments_bitwise_without_dropout(run, schedule, bits):
 
 
 @pytest.mark.jaxremat_slow
-def test_jit_one_layer_segments_with_dropout_differ_by_rounding_only(run, bits):
-    """The remaining exception, measured at the tiny shape: within a few float32 eps (relative to max)."""
-    (l_a, g_a), (l_b, g_b) = run("tiny", full, "jit", 0.1), run("tiny", none, "jit", 0.1)
-    assert bits.equal(l_a, l_b)
-    worst = max(bits.max_rel(g_a[k], g_b[k]) for k in g_a)
-    assert 0 < worst <= 1e-6, worst
+def test_jit_one_layer_segments_bitwise_with_dropout(run, bits):
+    """With dropout 0.1 at the tiny shape (a few float32 eps apart before every layer ran isolated)."""
+    _assert_same(run("tiny", full, "jit", 0.1), run("tiny", none, "jit", 0.1), bits)
 
 
 @pytest.mark.parametrize("schedule", ["full", "every_k(2)"])
