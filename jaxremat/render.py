@@ -23,10 +23,16 @@ Two renderings, chosen with ``method``:
   with the forward pass and saves nothing (``segments(2)``, ``sqrt`` at N <= 6).
   :func:`jaxremat.survival.survival_check` tells whether a given program kept its saving.
 
-Bitwise equality with ``none`` (measured on XLA:CPU, jax 0.10.2; tests/jaxremat/test_render.py):
-op by op every schedule gives the bits of ``none`` in both renderings; under ``jit`` too at the
-project's configs, with the exception of segments of one layer at tiny shapes, documented in
-docs/framework-differences.md, section 2.
+Bitwise equality with ``none`` (measured on XLA:CPU, jax 0.10.2; tests/jaxremat/test_render.py,
+tests/jaxremat/test_bitwise_jit.py): in the reverse loop every plan gives the bits of ``none``, op by
+op and under ``jit``, at every width (each layer runs as one isolated XLA computation,
+:mod:`jaxremat.layer_pass`). ``method="checkpoint"``: op by op every schedule gives ``none``'s bits
+for the stacked parameters, but not always for an array the block closes over (a trained value not
+passed as a stacked parameter): 2 ULP at N=4, D=16 under ``every_k(2)`` and ``sqrt``, where ``full``
+and the reverse loop are bitwise. Consistent with its gradient summed per multi-layer segment and
+then across segments, where ``none`` and the reverse loop add it layer by layer, last layer first.
+Under ``jit`` one-layer segments at small widths round apart
+(docs/framework-differences.md, section 2).
 """
 
 from __future__ import annotations
