@@ -5,9 +5,12 @@ The library, importable from here: schedules and plans (:func:`parse_plan`, :fun
 ``nested``), the JAX renderers (:func:`remat_scan` for any stacked layer function;
 :func:`remat_stack`, :class:`RematStack`, :func:`linen_remat_stack` for Flax NNX and Linen blocks;
 :func:`to_jax_policy`), the plan lint (:func:`check_plan`), the compiled-saving check
-(:func:`survival_check`), the remat doctor for any loss or train step (:func:`doctor`,
-:class:`Diagnosis`; ``python -m jaxremat.doctor``) and the memory measurements (:func:`saved_residuals`,
-:func:`compiled_memory`, :func:`compiled_stats`, ...). ``__all__`` lists every public name;
+(:func:`survival_check`), the one-call planners (:func:`plan_scan`, :func:`plan_stack`:
+the least-recompute plan within a budget, checked on the compiled program), the remat doctor for any loss or train step (:func:`doctor`,
+:class:`Diagnosis`; ``python -m jaxremat.doctor``), the memory measurements (:func:`saved_residuals`,
+:func:`compiled_memory`, :func:`compiled_stats`, ...) and the estimate without allocating
+(``jaxremat.estimate(fn, *abstract_args, plans=...)``: the module :mod:`jaxremat.estimate`, callable
+as its function :func:`jaxremat.estimate.estimate`). ``__all__`` lists every public name;
 ``jaxremat.render``, ``jaxremat.flax``, ``jaxremat.memory`` and the other submodules are reached
 as attributes too.
 
@@ -38,7 +41,7 @@ _NAMES = {
     "RematPolicyWarning": ".spec.lint",
     # JAX renderers
     "remat_scan": ".render",
-    **dict.fromkeys(("remat_stack", "RematStack", "linen_remat_stack", "linen_init_stack"), ".flax"),
+    **dict.fromkeys(("remat_stack", "RematStack", "linen_remat_stack", "linen_init_stack", "plan_stack"), ".flax"),
     "BlockContractError": ".flax_checks",
     "to_jax_policy": ".policies",
     "check_plan": ".lint",
@@ -46,12 +49,14 @@ _NAMES = {
     **dict.fromkeys(("make_mesh", "parse_mesh", "param_shardings", "batch_sharding", "check_divides"), ".sharding"),
     # measurements
     **dict.fromkeys(("survival_check", "Survival"), ".survival"),
+    **dict.fromkeys(("plan_scan", "FittedPlan"), ".fit"),
     **dict.fromkeys(("doctor", "Diagnosis"), ".doctor"),
     **dict.fromkeys(("ResidualRecord", "saved_residuals", "saved_activation_bytes", "compiled_memory",
                      "compiled_stats", "device_peak_bytes", "gpu_available"), ".memory"),
+    "PlanEstimate": ".estimate",
 }
 
-__all__ = sorted(_NAMES)
+__all__ = sorted([*_NAMES, "estimate"])  # estimate: the submodule, callable as its function (jaxremat.estimate)
 
 
 def _submodules() -> set[str]:

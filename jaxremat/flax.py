@@ -44,16 +44,18 @@ from flax import linen as nn
 from flax import nnx
 
 from .custom_vjp import check_custom_vjp_residuals
+from .fit import FittedPlan, fit_jax
 from .flax_checks import (BUILD_HINT, LINEN_HINT, BlockContractError, check_carry, check_declared_shapes,
                           check_linen_shapes, check_one_layer, check_stacked)
 from .lint import check_plan, plan_checked
+from .planner import DEFAULT_MENU
 from .policies import policy_name, to_jax_policy
 from .render import remat_scan
 from .spec.lint import resolve_plan
 from .spec.plan import check_default_policy
 from .spec.schedules import Schedule
 
-__all__ = ["RematStack", "linen_init_stack", "linen_remat_stack", "remat_stack", "resolve_policy",
+__all__ = ["RematStack", "linen_init_stack", "linen_remat_stack", "plan_stack", "remat_stack", "resolve_policy",
            "resolve_schedule"]
 
 
@@ -172,6 +174,40 @@ def remat_stack(
     if jax.tree.leaves(counts):
         nnx.update(stack, jax.tree.map(lambda c, d: c + d, counts, delta))
     return out
+
+
+def plan_stack(stack: nnx.Module, x: Any, budget: Any, *, policies: Sequence = DEFAULT_MENU,
+               call: Callable[[nnx.Module, Any, Any], Any] | None = None,
+               loss: Callable[[Any], Any] | None = None) -> FittedPlan:
+    """The least-recompute plan for ``remat_stack(stack, x, plan)`` within ``budget``, checked on the compiled program.
+
+    One call for the expert path of docs/planner.md (:mod:`jaxremat.fit`): the menu of one layer, the
+    planner, the plan's compiled temporary bytes of ``jit(grad(loss))`` against the budget, and its
+    gradients against ``none``'s byte for byte on ``x``.
+
+    Args:
+        stack: a stacked NNX block, as :func:`remat_stack` takes it (a stack without RNG streams).
+        x: the input of layer 0 (an array, e.g. (B, D) or (B, T, D) float32).
+        budget: bytes (int), ``"2GiB"``, or ``"50%"`` of ``none``'s compiled temporary bytes.
+        policies: the checkpoint options (:data:`jaxremat.planner.DEFAULT_MENU`).
+        call: as :func:`remat_stack`'s ``call``.
+        loss: ``y -> scalar`` the gradients are taken of (default: the sum of ``y``).
+
+    Returns:
+        :class:`jaxremat.fit.FittedPlan` (``plan``, measured ``peak_bytes`` and ``none_peak_bytes``,
+        ``grads_bitwise_equal``).
+
+    Raises:
+        ValueError: a bad budget or policy, a stack :func:`remat_stack` refuses, or no plan measured
+            within the budget (the message names the least reached and its plan).
+    """
+    graphdef, state = nnx.split(stack)
+    one = call or (lambda m, h, _: m(h))
+
+    def run(s, h, plan):
+        return remat_stack(nnx.merge(graphdef, s), h, plan, call=call)
+
+    return fit_jax(run, lambda s, h: one(nnx.merge(graphdef, s), h, None), state, x, budget, policies, loss)
 
 
 def _nnx_block_fn(graphdef: Any, call: Callable) -> Callable:

@@ -24,6 +24,8 @@ import numpy as np
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
 
+from .scan_params import scan_layout
+
 __all__ = [
     "ResidualRecord", "compiled_memory", "compiled_stats", "device_peak_bytes", "saved_activation_bytes",
     "saved_residuals", "gpu_available",
@@ -138,11 +140,11 @@ def _sub_jaxpr_outputs(eqn, ins: list[bool]) -> list[bool]:
     if not isinstance(inner, _core.Jaxpr) or len(inner.invars) != len(ins):
         return none
     if eqn.primitive.name == "scan":
-        n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
-        ins = [f and not n_consts <= i < n_consts + n_carry for i, f in enumerate(ins)]
+        lay = scan_layout(eqn)
+        ins = [f and not lay.consts <= i < lay.xs_start for i, f in enumerate(ins)]
         inner_flags = _propagate_from_input(inner, ins)
         outs = [not isinstance(v, _core.Literal) and inner_flags.get(v, False) for v in inner.outvars]
-        return [False] * n_carry + outs[n_carry:] if len(outs) == len(eqn.outvars) else none
+        return [False] * lay.carry_out + outs[lay.carry_out:] if len(outs) == len(eqn.outvars) else none
     if len(inner.outvars) != len(eqn.outvars):
         return none
     inner_flags = _propagate_from_input(inner, ins)

@@ -94,6 +94,27 @@ def embed(params: dict, idx: jax.Array, cfg: TransformerConfig, *, dropout_key=N
     return _dropout(x, cfg.dropout, dropout_key)
 
 
+def _fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, cfg: TransformerConfig) -> jax.Array:
+    """Causal attention as one ``jax.nn.dot_product_attention`` call (``cfg.attention == "fused"``).
+
+    Args:
+        q, k, v: (B, T, D) each, heads not yet split.
+
+    Returns:
+        (B, T, D), heads merged. Only the context is tagged, ``attn_out`` (shape (B, T, H, hd) here,
+        the same elements as the materialized (B, H, T, hd)): the scores and probabilities are
+        internal to the call, so policies naming ``attn_scores`` or ``attn_probs`` keep nothing of
+        it. JAX picks the implementation (``implementation=None``): cuDNN's fused kernel on a GPU
+        that has it, else XLA's, which computes the (B, H, T, T) scores in float32 and keeps the
+        probabilities for the backward as the materialized block does (docs/real-sizes.md).
+    """
+    B, T, D = q.shape
+    H, hd = cfg.n_head, cfg.head_dim
+    q, k, v = (t.reshape(B, T, H, hd) for t in (q, k, v))                      # (B, T, H, hd)
+    y = jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd))
+    return checkpoint_name(y, "attn_out").reshape(B, T, D)
+
+
 def block_forward(block_params: dict, x: jax.Array, cfg: TransformerConfig, *, dropout_key=None) -> jax.Array:
     """One pre-LayerNorm block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``.
 
@@ -111,7 +132,9 @@ def block_forward(block_params: dict, x: jax.Array, cfg: TransformerConfig, *, d
 
     Every activation of :data:`jaxremat.spec.names.ACTIVATION_NAMES` is tagged with
     ``jax.ad_checkpoint.checkpoint_name`` (an identity), so name-based ``jax.checkpoint``
-    policies (:func:`jaxremat.policies.to_jax_policy`) can keep it.
+    policies (:func:`jaxremat.policies.to_jax_policy`) can keep it; with ``cfg.attention ==
+    "fused"`` the attention core is one call and ``attn_scores``, ``attn_probs`` are not tagged
+    (:func:`_fused_attention`).
     """
     p, x = compute_cast((block_params, x), cfg)
     B, T, D = x.shape
@@ -123,11 +146,14 @@ def block_forward(block_params: dict, x: jax.Array, cfg: TransformerConfig, *, d
     h = name(layer_norm(x, p["h.ln_1.weight"], p["h.ln_1.bias"], cfg.layer_norm_eps), "attn_norm")
     qkv = name(h @ p["h.attn.c_attn.weight"] + p["h.attn.c_attn.bias"], "qkv_proj")  # (B, T, 3D)
     q, k, v = jnp.split(qkv, 3, axis=-1)                                     # 3 x (B, T, D)
-    q, k, v = (t.reshape(B, T, H, hd).transpose(0, 2, 1, 3) for t in (q, k, v))  # (B, H, T, hd)
-    scores = name(batched_matmul(q, k, transpose_b=True), "attn_scores")                # (B, H, T, T)
-    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
-    probs = _dropout(masked_softmax(scores, causal, 1.0 / math.sqrt(hd), "attn_probs"), cfg.dropout, keys[0])
-    y = name(batched_matmul(probs, v), "attn_out").transpose(0, 2, 1, 3).reshape(B, T, D)   # (B, H, T, hd) -> (B, T, D)
+    if cfg.attention == "fused":
+        y = _fused_attention(q, k, v, cfg)                                   # (B, T, D)
+    else:
+        q, k, v = (t.reshape(B, T, H, hd).transpose(0, 2, 1, 3) for t in (q, k, v))  # (B, H, T, hd)
+        scores = name(batched_matmul(q, k, transpose_b=True), "attn_scores")            # (B, H, T, T)
+        causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+        probs = _dropout(masked_softmax(scores, causal, 1.0 / math.sqrt(hd), "attn_probs"), cfg.dropout, keys[0])
+        y = name(batched_matmul(probs, v), "attn_out").transpose(0, 2, 1, 3).reshape(B, T, D)  # (B, H, T, hd) -> (B, T, D)
     a = name(y @ p["h.attn.c_proj.weight"] + p["h.attn.c_proj.bias"], "out_proj")
     x = x + _dropout(a, cfg.dropout, keys[1])
 

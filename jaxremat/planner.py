@@ -167,7 +167,8 @@ def _gpt_block(cfg: TransformerConfig, batch: int, seq: int):
     dtype = jnp.dtype(cfg.dtype)
     shapes = param_shapes(cfg)
     params = {k: jax.ShapeDtypeStruct(shapes[k][1:], dtype) for k in BLOCK_PARAM_NAMES}
-    x = jax.ShapeDtypeStruct((batch, seq, cfg.d_model), dtype)
+    # the residual stream is in the compute dtype (the embedding casts it), as the scan carries it
+    x = jax.ShapeDtypeStruct((batch, seq, cfg.d_model), jnp.dtype(cfg.compute_dtype or cfg.dtype))
     return (lambda p, h: block_forward(p, h, cfg)), params, x
 
 
@@ -183,7 +184,7 @@ def gpt_block_options(cfg: TransformerConfig, batch: int, seq: int,
         ValueError: bad sizes, dropout (the account covers dropout 0), a family other than GPT,
             or a bad menu.
     """
-    account.layer_bytes("jax", cfg, batch, seq)  # checks sizes and dropout
+    account.check_sizes("jax", cfg, batch, seq)  # sizes and dropout
     return list(_cached_gpt_menu(cfg, batch, seq, _check_menu(policies)))
 
 
@@ -197,15 +198,18 @@ def gpt_chain(cfg: TransformerConfig, batch: int, seq: int, policies: Sequence =
     """Everything :func:`jaxremat.spec.planner.plan_for_budget` needs for a GPT stack, in JAX.
 
     Returns:
-        ``{"options_per_block": N menus, "boundary_bytes": B*T*D*itemsize, "invariant_bytes":
+        ``{"options_per_block": N menus, "boundary_bytes": B*T*D*itemsize (of the compute dtype: the residual
+        stream's), "invariant_bytes":
         the stack's loop invariants, "fixed_bytes": the bytes outside the stack at the peak (the
         tensors kept outside it and the logits' gradient)}``; a plan's predicted peak activation
         is ``fixed_bytes`` plus the planner's peak.
     """
     menu = gpt_block_options(cfg, batch, seq, policies)
     return {"options_per_block": [menu] * cfg.n_layer,
-            "boundary_bytes": account.boundary_bytes(cfg, batch, seq),
-            "invariant_bytes": account.stack_invariant_bytes("jax", cfg, batch, seq),
+            "boundary_bytes": batch * seq * cfg.d_model * jnp.dtype(cfg.compute_dtype or cfg.dtype).itemsize,
+            # fused attention: its own mask, measured in the menus' segment bytes, not the account's
+            "invariant_bytes": (account.stack_invariant_bytes("jax", cfg, batch, seq)
+                                if cfg.attention == "materialized" else 0),
             "fixed_bytes": account.non_stack_peak_bytes("jax", cfg, batch, seq)}
 
 

@@ -21,15 +21,22 @@ Importable from here (``__all__`` lists every public name):
 * memory tools: :class:`SavedActivationRecorder` (saved-tensor hooks), :func:`peak_step_bytes` /
   :class:`PeakBytes` (``MemTracker`` on CPU, the CUDA counters on a GPU),
   :class:`LiveBytesTracker` / :func:`step_peak_bytes` (lean peak of activations and temporaries),
-  :func:`block_saved` (what one block keeps, tensor by tensor).
+  :func:`block_saved` (what one block keeps, tensor by tensor);
+* the one-call planner: :func:`plan_blocks` (the least-recompute plan of your own blocks within a
+  memory budget, measured and its gradients checked bitwise against ``none``: :mod:`torchref.fit`);
+* the estimate without allocating: ``torchref.estimate(module_factory, input_shapes, plans=...)``
+  (the module :mod:`torchref.estimate`, callable as its function :func:`torchref.estimate.estimate`:
+  one training step under fake tensors with MemTracker).
 
 PyTorch is imported at once (this is the PyTorch package); of jaxremat only ``jaxremat.spec`` is
 imported, never JAX.
 """
 
+from . import estimate  # the module, callable as its function: torchref.estimate(factory, shapes, plans=...)
 from .block_memory import block_saved
 from .doctor import ModuleReport, TorchDiagnosis, TorchProblem, doctor
 from .encoder import Encoder, EncoderBlock, contrastive_loss, encoder_loss, mean_pool
+from .fit import plan_blocks
 from .forward_state import ForwardState, StateWriteError, modules_of
 from .hooks import is_recomputing
 from .lint import RematPolicyWarning, check_no_effect, check_selective
@@ -45,7 +52,7 @@ __all__ = [
     "Block", "Encoder", "EncoderBlock", "ForwardState", "GPT", "LiveBytesTracker", "ModuleReport", "PeakBytes",
     "RematPolicyWarning", "SavedActivationRecorder", "SavedRecord", "SelectiveCheckpoint", "StateWriteError",
     "TorchDiagnosis", "TorchProblem", "activation", "block_saved", "check_no_effect", "check_selective",
-    "contrastive_loss", "current_name", "doctor", "encoder_loss", "forward_blocks", "is_recomputing",
-    "lm_loss", "mean_pool", "model_loss", "modules_of", "peak_step_bytes", "reverse_segment_loop",
+    "contrastive_loss", "current_name", "doctor", "encoder_loss", "estimate", "forward_blocks", "is_recomputing",
+    "lm_loss", "mean_pool", "model_loss", "modules_of", "peak_step_bytes", "plan_blocks", "reverse_segment_loop",
     "split_tokens", "step_peak_bytes",
 ]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from jaxremat.spec import Schedule, none
 from jaxremat.models import TransformerConfig, check_params, param_shapes
 
-from .model import torch_dtype
+from .model import holds_values, torch_dtype
 from .names import activation
 from .render import CheckpointInputHook, forward_blocks
 
@@ -149,7 +149,7 @@ class Encoder(nn.Module):
             raise ValueError(f"token ids must be an integer tensor, got {idx.dtype}")
         if not 1 <= idx.shape[1] <= cfg.max_seq_len:
             raise ValueError(f"sequence length must be in [1, max_seq_len={cfg.max_seq_len}], got {idx.shape[1]}")
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
+        if idx.numel() and holds_values(idx) and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
             raise ValueError(f"token ids must lie in [0, vocab_size={cfg.vocab_size}), got min {int(idx.min())} "
                              f"max {int(idx.max())}")
 

@@ -41,6 +41,7 @@ from typing import Callable, Iterable
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -143,9 +144,25 @@ class _WriteGuard(TorchDispatchMode):
 
 def _storage(t: torch.Tensor) -> int:
     try:
+        if is_fake(t) or t.is_meta:  # no memory, address 0: the storage object (one per storage) stands for it
+            return id(t.untyped_storage())
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without storage (subclasses)
         return id(t)
+
+
+def _same_values(buf: torch.Tensor, copy: torch.Tensor) -> bool:
+    """``torch.equal(buf, copy)``; True for fake or meta tensors, which hold no values.
+
+    Under ``torch._subclasses.fake_tensor.FakeTensorMode`` (a memory estimate, :mod:`torchref.estimate`)
+    the comparison would be data-dependent and raise; there only the identity and the version counter
+    tell a state buffer from a constant. A buffer written without moving its counter (BatchNorm's
+    running statistics) is then dropped like a constant: its copy is freed one call earlier, a few
+    bytes of the estimate, and no values exist to be wrong.
+    """
+    if is_fake(buf) or buf.is_meta:
+        return True
+    return torch.equal(buf, copy)
 
 
 class ForwardState:
@@ -200,7 +217,7 @@ class ForwardState:
             out = fn(*args, **kwargs)
         self.state = [(owner, name, copy) for owner, name, buf, version, copy in before
                       if owner._buffers.get(name) is not buf or buf._version != version
-                      or not torch.equal(buf, copy)]
+                      or not _same_values(buf, copy)]
         return out
 
     def _guarded_call(self, fn, buffers, *args, **kwargs):

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
 
 from .names import current_name
 
@@ -53,22 +54,32 @@ class SavedActivationRecorder(torch.autograd.graph.saved_tensors_hooks):
             size), ``source`` (``"saved"`` or ``"checkpoint_input"``), ``region`` (the activation
             region, :func:`torchref.names.current_name`, of the op that saved it, or None).
 
-    Storages are identified by address, so open the recorder around a forward pass whose saved
+    Storages are identified by address (fake and meta tensors, which have none, by their storage
+    object, which PyTorch keeps one per storage), so open the recorder around a forward pass whose saved
     tensors all stay alive until it ends (as in any forward pass; keep the loss if you record more
     than one forward, or a freed address could be reused and a new storage skipped).
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
+        self._held: list = []  # storages of fake tensors keyed by id, held so that no id is reused
+        self._excluded = {self._key(t) for t in exclude}
         self._index: dict[int, int] = {}  # storage key -> position in records
         self.records: list[dict[str, Any]] = []
         super().__init__(self._pack, self._unpack)
+
+    def _key(self, t: torch.Tensor):
+        """The storage's address; for a fake or meta tensor (no memory, address 0) the storage object's id."""
+        storage = t.untyped_storage()
+        if is_fake(t) or t.is_meta:
+            self._held.append(storage)
+            return ("storage", id(storage))
+        return storage.data_ptr()
 
     def _record(self, t: torch.Tensor, source: str) -> None:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
             return
         storage = t.untyped_storage()
-        key = storage.data_ptr()
+        key = self._key(t)
         if key in self._excluded or storage.nbytes() == 0:
             return
         if key in self._index:

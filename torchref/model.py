@@ -5,8 +5,11 @@ by :mod:`torchref.render`, which runs ``GPT.embed`` -> the blocks of ``GPT.block
 
 Layout and names follow karpathy/nanoGPT ``model.py`` (GPT-2 names: ``wte``, ``wpe``, ``ln_1``,
 ``attn.c_attn``, ``attn.c_proj``, ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``, ``ln_f``). Attention is
-written out op by op (no ``scaled_dot_product_attention``) so that every op has a counterpart in
-the JAX model and the same tensors are saved for the backward pass on both sides.
+written out op by op by default (no ``scaled_dot_product_attention``) so that every op has a
+counterpart in the JAX model and the same tensors are saved for the backward pass on both sides;
+``TransformerConfig(attention="fused")`` runs it as one
+``torch.nn.functional.scaled_dot_product_attention`` call instead (``jax.nn.dot_product_attention``
+in JAX), inside the ``attn_out`` region.
 
 Shape letters: B batch, T sequence length, D ``d_model``, H ``n_head``, hd ``head_dim``,
 F ``d_ff``, V ``vocab_size``, N ``n_layer``.
@@ -21,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
 from jaxremat.models import TransformerConfig, check_params, param_shapes
 
@@ -47,6 +51,12 @@ def compute_context(cfg: TransformerConfig):
     return torch.autocast("cpu", dtype=getattr(torch, cfg.compute_dtype))
 
 
+def holds_values(t: torch.Tensor) -> bool:
+    """False for a fake tensor (``torch._subclasses.fake_tensor.FakeTensorMode``) or a meta tensor:
+    shapes and dtypes without data, whose value checks (``int(t.min())``) cannot run."""
+    return not (is_fake(t) or t.is_meta)
+
+
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """``F.dropout`` when it can change anything; the identity (no RNG draw, no saved mask) otherwise."""
     return F.dropout(x, p, training=True) if (training and p > 0.0) else x
@@ -67,9 +77,11 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, dtype=dtype)  # weight (3D, D)
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, dtype=dtype)  # weight (D, D)
-        mask = torch.ones(cfg.max_seq_len, cfg.max_seq_len, dtype=torch.bool).tril()
-        # A constant, not an activation: memory accounting excludes buffers with parameters.
-        self.register_buffer("causal_mask", mask, persistent=False)  # (T_max, T_max) bool
+        self.fused = cfg.attention == "fused"
+        if not self.fused:  # the fused call masks by itself (is_causal=True)
+            mask = torch.ones(cfg.max_seq_len, cfg.max_seq_len, dtype=torch.bool).tril()
+            # A constant, not an activation: memory accounting excludes buffers with parameters.
+            self.register_buffer("causal_mask", mask, persistent=False)  # (T_max, T_max) bool
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Attention output before the residual add.
@@ -84,6 +96,21 @@ class CausalSelfAttention(nn.Module):
         H, hd = self.n_head, self.head_dim
         with activation("qkv_proj"):
             qkv = torch.addmm(self.c_attn.bias, h.reshape(B * T, D), self.c_attn.weight.t())  # (B*T, 3D)
+        if self.fused:
+            q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in qkv.split(D, dim=-1))  # (B, H, T, hd) views
+            with activation("attn_out"):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd))
+            y = y.transpose(1, 2).reshape(B * T, D)  # heads merged
+        else:
+            y = self._materialized(qkv, B, T)
+        with activation("out_proj"):
+            a = torch.addmm(self.c_proj.bias, y, self.c_proj.weight.t()).view(B, T, D)
+        return _dropout(a, self.dropout, self.training)
+
+    def _materialized(self, qkv: torch.Tensor, B: int, T: int) -> torch.Tensor:
+        """``softmax(mask(q @ k^T / sqrt(hd))) @ v`` op by op: ``(B*T, 3D)`` -> ``(B*T, D)``, heads merged."""
+        H, hd = self.n_head, self.head_dim
+        D = H * hd
         q, k, v = (t.reshape(B, T, H, hd).transpose(1, 2).reshape(B * H, T, hd) for t in qkv.split(D, dim=-1))
         with activation("attn_scores"):
             scores = torch.bmm(q, k.transpose(1, 2)).view(B, H, T, T)  # raw q @ k^T
@@ -94,10 +121,7 @@ class CausalSelfAttention(nn.Module):
         probs = _dropout(probs, self.dropout, self.training)
         with activation("attn_out"):
             y = torch.bmm(probs.view(B * H, T, T), v).view(B, H, T, hd)
-        y = y.transpose(1, 2).reshape(B * T, D)  # heads merged
-        with activation("out_proj"):
-            a = torch.addmm(self.c_proj.bias, y, self.c_proj.weight.t()).view(B, T, D)
-        return _dropout(a, self.dropout, self.training)
+        return y.transpose(1, 2).reshape(B * T, D)  # heads merged
 
 
 class MLP(nn.Module):
@@ -199,7 +223,8 @@ class GPT(nn.Module):
         # Under torch.compile the value check is skipped: ``int(idx.min())`` is data-dependent and
         # breaks the graph (dynamo cannot branch on an unbacked value; ``fullgraph=True`` fails).
         # Compiled callers check eagerly first (:func:`torchref.compiled.measure_compiled` does).
-        if idx.numel() and not torch.compiler.is_compiling():
+        # Fake and meta tensors (a memory estimate, torchref.estimate) hold no values to check either.
+        if idx.numel() and not torch.compiler.is_compiling() and holds_values(idx):
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= cfg.vocab_size:
                 raise ValueError(f"token ids must lie in [0, vocab_size={cfg.vocab_size}), got min {lo} max {hi}")

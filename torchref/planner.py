@@ -151,7 +151,7 @@ def gpt_block_options(cfg: TransformerConfig, batch: int, seq: int, policies: Se
     Raises:
         ValueError: bad sizes, dropout (the account covers dropout 0), or a bad menu.
     """
-    account.layer_bytes("torch", cfg, batch, seq)  # checks the family's sizes and dropout 0
+    account.check_sizes("torch", cfg, batch, seq)  # the family's sizes and dropout 0
     return list(_cached_gpt_menu(cfg, batch, seq, _check_menu(policies), seed))
 
 

@@ -37,6 +37,7 @@ import numpy as np
 from jax._src.interpreters import partial_eval as _pe
 
 
+from ..scan_params import scan_layout
 from .regions import eqn_site
 
 __all__ = ["MIN_COPY_FRACTION", "MIN_SLICE_FRACTION", "StackedOutput", "live", "parameter_copies", "unread_outputs"]
@@ -112,11 +113,11 @@ def _scans(jaxpr: Any, deep: bool) -> Iterator[Any]:
 def _copy_positions(eqn: Any) -> list[tuple[int, bool]]:
     """``(index among ys, cast)`` of a scan's ``ys`` whose body output is a view or cast of a scanned input."""
     body = eqn.params["jaxpr"].jaxpr
-    n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
-    xs = set(body.invars[n_consts + n_carry:])
+    lay = scan_layout(eqn)
+    xs = set(body.invars[lay.xs_start:])
     producer = {o: e for e in body.eqns for o in e.outvars}
     out = []
-    for j, v in enumerate(body.outvars[n_carry:]):
+    for j, v in enumerate(body.outvars[lay.carry_out:]):
         cast = False
         while _is_var(v) and v in producer and _is_view(producer[v]):
             cast = cast or producer[v].primitive.name == "convert_element_type"
@@ -134,7 +135,8 @@ def parameter_copies(jaxpr: Any) -> list[StackedOutput]:
     """
     found = []
     for eqn in _scans(live(jaxpr), deep=True):
-        n_carry, n_in = eqn.params["num_carry"], eqn.params["num_consts"] + eqn.params["num_carry"]
+        lay = scan_layout(eqn)
+        n_carry, n_in = lay.carry_out, lay.xs_start
         ys = eqn.outvars[n_carry:]
         positions = [(j, cast) for j, cast in _copy_positions(eqn) if _is_var(ys[j])]
         copies = [ys[j] for j, _ in positions]
@@ -187,9 +189,9 @@ def unread_outputs(jaxpr: Any, residuals: set) -> list[StackedOutput]:
                 if len(sub.outvars) == len(eqn.outvars):
                     inner = {iv for iv, ov in zip(sub.outvars, eqn.outvars) if ov in read and _is_var(iv)}
                     found += unread_outputs(sub, inner)
-        if eqn.primitive.name != "scan" or not eqn.params["num_carry"]:
+        if eqn.primitive.name != "scan" or not scan_layout(eqn).carry_out:
             continue
-        n_carry, length = eqn.params["num_carry"], eqn.params["length"]
+        n_carry, length = scan_layout(eqn).carry_out, eqn.params["length"]
         carry = max(_nbytes(v.aval) for v in eqn.outvars[:n_carry])
         for y in eqn.outvars[n_carry:]:
             if _is_var(y) and y in used and y not in read and carry and length \

@@ -13,6 +13,9 @@ from .registry import get_model, registered_models
 SUPPORTED_DTYPES = ("float32", "float64")
 COMPUTE_DTYPES = ("bfloat16",)
 """Lower-precision compute dtypes a float32 model may run in (mixed precision)."""
+ATTENTION_KINDS = ("materialized", "fused")
+"""How the attention core is computed: op by op with the (B, H, T, T) scores and probabilities as
+tensors of their own (the default), or by the framework's fused attention function."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,17 @@ class TransformerConfig:
         type_vocab_size: number of token-type (segment) ids of the BERT embedding (``arch="bert"``).
         pad_token_id: id of the padding token; with ``arch="bert"`` positions holding it are
             masked out of attention and pooling.
+        attention: one of ``ATTENTION_KINDS``. ``"materialized"`` (default): ``q @ k^T``, the
+            masked softmax and ``probs @ v`` as separate ops, each activation of the attention core
+            tagged (:data:`jaxremat.spec.names.ACTIVATION_NAMES`). ``"fused"``: one call of the
+            framework's attention function, ``jax.nn.dot_product_attention`` (XLA's implementation
+            on a CPU, which still builds the (B, H, T, T) probabilities; cuDNN's on a GPU that has
+            it) and ``torch.nn.functional.scaled_dot_product_attention`` (on a CPU its flash
+            kernel, which keeps the output and a (B, H, T) log-sum-exp for the backward, no T x T
+            tensor); only ``attn_out`` is tagged inside it (docs/real-sizes.md). Families list
+            what they implement (``ModelSpec.attentions``); fused needs ``dropout == 0``
+            (``jax.nn.dot_product_attention`` draws no dropout) and ``dtype == "float32"`` (its
+            softmax runs in float32 whatever the input's dtype: float64 would not be float64).
 
     Raises:
         ValueError: a field is out of range (message names the field and the valid range).
@@ -70,6 +84,7 @@ class TransformerConfig:
     type_vocab_size: int = 2
     pad_token_id: int = 0
     compute_dtype: str | None = None
+    attention: str = "materialized"
 
     def __post_init__(self) -> None:
         if self.arch not in registered_models():
@@ -98,6 +113,7 @@ class TransformerConfig:
                 f"TransformerConfig.dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}"
             )
 
+        self._check_attention()
         if self.compute_dtype is not None:
             if self.compute_dtype not in COMPUTE_DTYPES:
                 raise ValueError(
@@ -115,6 +131,20 @@ class TransformerConfig:
                     f"TransformerConfig.compute_dtype={self.compute_dtype!r} needs float32 parameters "
                     f"(dtype='float32'), got dtype={self.dtype!r}"
                 )
+
+    def _check_attention(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"TransformerConfig.attention must be one of {', '.join(ATTENTION_KINDS)}, "
+                             f"got {self.attention!r}")
+        if self.attention not in get_model(self.arch).attentions:
+            raise ValueError(f"TransformerConfig.attention={self.attention!r} is not implemented for "
+                             f"arch={self.arch!r} (it implements {', '.join(get_model(self.arch).attentions)})")
+        if self.attention == "fused" and self.dropout:
+            raise ValueError(f"TransformerConfig.attention='fused' needs dropout 0 (jax.nn.dot_product_attention "
+                             f"draws no dropout), got dropout={self.dropout!r}")
+        if self.attention == "fused" and self.dtype == "float64":
+            raise ValueError("TransformerConfig.attention='fused' needs dtype='float32' (jax.nn.dot_product_attention "
+                             "computes its softmax in float32 whatever the input dtype); use attention='materialized'")
 
     @property
     def head_dim(self) -> int:

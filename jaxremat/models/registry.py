@@ -70,6 +70,7 @@ class ModelSpec:
         block_names_measurable: whether the per-block kept-names measurement
             (:mod:`jaxremat.block_memory`, :mod:`torchref.block_memory`) builds this family's block.
         compute_dtypes: the mixed-precision ``TransformerConfig.compute_dtype`` values implemented.
+        attentions: the ``TransformerConfig.attention`` values implemented (``"materialized"`` at least).
         stress_suite: whether ``python -m parity run --suite stress`` runs this family's presets.
 
     Raises:
@@ -97,6 +98,7 @@ class ModelSpec:
     batch: str = "windows"
     block_names_measurable: bool = False
     compute_dtypes: tuple[str, ...] = ()
+    attentions: tuple[str, ...] = ("materialized",)
     stress_suite: bool = False
 
     def __post_init__(self) -> None:

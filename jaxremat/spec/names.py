@@ -26,7 +26,15 @@ ACTIVATION_NAMES: dict[str, str] = {
     "mlp_act": "MLP hidden after the GELU, (B, T, F)",
     "mlp_out": "MLP down-projection incl. bias, before dropout and the residual add, (B, T, D)",
 }
-"""Name -> what it tags and its shape in the GPT block. Order is the order in the block."""
+"""Name -> what it tags and its shape in the GPT block. Order is the order in the block.
+
+With fused attention (``TransformerConfig(attention="fused")``) the attention core is one call
+(``jax.nn.dot_product_attention``; ``torch.nn.functional.scaled_dot_product_attention``): its output
+is ``attn_out`` (in JAX laid out (B, T, H, hd)), and ``attn_scores`` and ``attn_probs`` exist in no
+tensor of the block. A policy that keeps them keeps nothing there, and both frameworks' plan lint
+says so (``RematPolicyWarning``: the block marks no value with that name); ``mlp_only`` then keeps
+the attention's inputs and output and recomputes the fused call's interior. In PyTorch the call's
+``attn_out`` region holds its output and the kernel's log-sum-exp (the flash kernel's outputs)."""
 
 ATTENTION_NAMES = ("attn_norm", "qkv_proj", "attn_scores", "attn_probs", "attn_out", "out_proj")
 MLP_NAMES = ("mlp_norm", "mlp_hidden", "mlp_act", "mlp_out")

@@ -188,17 +188,17 @@ def exit_interrupted(lock: OutDirLock | None) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
-def finish_report(console, report: dict, out: Path, where: str) -> int:
+def finish_report(console, report: dict, out: Path, where: str, wide: bool = False) -> int:
     """Write a complete suite report into ``out``, print its tables and the verdict; return the exit code.
 
     ``where`` names the part of the report a failure is explained in (e.g. "the report's failed checks
-    and errors"). Returns 0 when every check passed, else 1.
+    and errors"); ``wide`` prints every column of the case table. Returns 0 when every check passed, else 1.
 
     Raises:
         parity.report.files.WriteError: a file could not be written.
     """
     paths = write_report(report, out)
-    print_tables(report)
+    print_tables(report, wide=wide)
     note(console, "wrote " + ", ".join(str(p) for p in paths))
     if report_passed(report):
         note(console, "all parity checks passed", "green")

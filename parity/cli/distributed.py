@@ -50,6 +50,8 @@ def _options(args):
         raise ValueError("--suite distributed runs a --model preset; drop --checkpoint")
     if args.dtype != "float32":
         raise ValueError("--suite distributed runs float32; drop --dtype")
+    if (args.batch_size, args.seq_len) != (None, None):
+        raise ValueError("--suite distributed runs each preset at its own shape; leave out --batch-size and --seq-len")
     if args.repeats is not None:
         raise ValueError("--suite distributed times no steps (it checks bits and per-device memory); drop --repeats")
     if args.model is not None and not args.model.strip():
@@ -103,4 +105,4 @@ def cmd_distributed(args, console) -> int:
         report["wall_time_s"] = time.perf_counter() - t0
         report["complete"] = True
         report["environment"] = environment_info(frameworks)
-        return cc.finish_report(console, report, args.out, "the report's mesh tables")
+        return cc.finish_report(console, report, args.out, "the report's mesh tables", wide=args.wide)

@@ -19,8 +19,6 @@ import json
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from jaxremat.spec.plan import parse_plan
 
 from parity.cases.finetune import (FINETUNE_PLANS, SCHEMA_VERSION, FinetuneCases, FinetuneConfig, cross_rows,
@@ -36,6 +34,7 @@ from parity.report.environment import environment_info
 from parity.report.files import atomic_write, json_text
 from parity.report.finetune_report import finetune_markdown, print_finetune
 from parity.report.html import HTML_NAME, write_html
+from parity.report.terminal import terminal_console
 from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, loss_term_scale
 
 DEFAULT_MODEL = "minilm-l6"
@@ -68,6 +67,7 @@ def add_parser(sub) -> None:
                    "settings is continued; a finished one is moved to previous/<timestamp>/ unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="start again, replacing what --out holds")
     p.add_argument("--no-progress", action="store_true", help="do not print a line per step")
+    p.add_argument("--wide", action="store_true", help="print every column of the case table (finetune.md has them all)")
 
 
 def config_from_args(args) -> FinetuneConfig:
@@ -196,7 +196,7 @@ def _write(args, report: dict, console) -> int:
     atomic_write(args.out / "finetune.json", json_text(report))
     atomic_write(args.out / "finetune.md", finetune_markdown(report))
     write_html(report, args.out)
-    print_finetune(report, Console(width=240) if not console.is_terminal else Console())
+    print_finetune(report, terminal_console(args.wide), args.wide)
     cc.note(console, f"wrote {args.out / 'finetune.json'}, {args.out / 'finetune.md'}, {args.out / 'loss_curve.png'}, "
             f"{args.out / HTML_NAME}")
     if report_passed(report):

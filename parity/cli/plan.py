@@ -26,8 +26,6 @@ import dataclasses
 import re
 
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from jaxremat.models import get_model
 from jaxremat.spec.planner import parse_budget
@@ -35,15 +33,18 @@ from jaxremat.spec.planner import parse_budget
 from parity.cases.suite import SuiteConfig, run_suite
 from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
+from parity.cli.budget import check_fits, run_estimate
 from parity.cli.checks import out_path, unique_items
 from parity.cli.command import checked, claimed, make_console
 from parity.cli.util import ascii_int
+from parity.inputs.model_preset import with_shape
 from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.report.environment import environment_info
 from parity.report.files import atomic_write, json_text
 from parity.report.format import fmt_bit, fmt_bytes, fmt_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
+from parity.report.terminal import fitted_table, terminal_console
 from parity.report.suite_report import markdown as suite_markdown
 from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, get_framework
 
@@ -72,6 +73,8 @@ def add_parser(sub) -> None:
                    "aot_eager_decomp_partition (the same partitioner, seconds)")
     p.add_argument("--model", default="gpt-small",
                    help="model preset: " + ", ".join(PRESETS) + " (budget plans run dropout 0; --frontier: a GPT one)")
+    p.add_argument("--batch-size", type=ascii_int, default=None, help="B, sequences per step (default: the model's)")
+    p.add_argument("--seq-len", type=ascii_int, default=None, help="T, tokens per sequence (default: the model's)")
     p.add_argument("--frameworks", default=",".join(FRAMEWORK_NAMES),
                    help=f"comma-separated subset of {','.join(FRAMEWORK_NAMES)} (default: all)")
     p.add_argument("--repeats", type=ascii_int, default=None,
@@ -81,6 +84,7 @@ def add_parser(sub) -> None:
                    "previous/<timestamp>/ unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace a previous plan in --out instead of keeping it")
     p.add_argument("--no-progress", action="store_true", help="do not show progress lines")
+    p.add_argument("--wide", action="store_true", help="print every column of the plan table (plan.md has them all)")
 
 
 def plan_suite_from_args(args):
@@ -95,7 +99,7 @@ def plan_suite_from_args(args):
     if args.frontier and any(parse_budget(b).fraction is None for b in budgets):
         raise ValueError("--frontier compares with torch.compile's activation_memory_budget, a fraction: give its "
                          "budgets as percentages (--budget 20%,50%)")
-    preset = get_preset(args.model)
+    preset = with_shape(get_preset(args.model), args.batch_size, args.seq_len)
     spec = get_model(preset.config.arch)
     if spec.jax_planner_chain is None or spec.torch_planner_chain is None:
         raise ValueError(f"--model {args.model}: model family {spec.name!r} has no planner chain "
@@ -109,6 +113,8 @@ def plan_suite_from_args(args):
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     plans = tuple(f"{kind}({b})" for b in budgets for kind in KINDS)
+    check_fits(*run_estimate(preset.config, preset.batch_size, preset.seq_len, frameworks, ("float32",),
+                             kept_cases=len(frameworks) * (len(plans) + 1)), "this plan run")
     suite = SuiteConfig(name="plan", preset=preset, plans=plans, frameworks=frameworks,
                         timing_repeats=args.repeats or preset.repeats or 5,
                         modes=tuple((f, FRAMEWORKS[f].measured_mode) for f in frameworks),
@@ -241,20 +247,21 @@ def markdown(report: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def print_summary(report: dict, console: Console) -> None:
-    t = Table(title=Text(f"remat plans for a budget: {report['model']}"))
-    for col in COLUMNS:
-        t.add_column(col)
-    for row in table_rows(report["plan_rows"]):
-        t.add_row(*map(Text, row), style=None if row[5] == "pass" else "red")
-    console.print(t)
+TERMINAL_COLUMNS = ("framework", "budget", "who", "plan", "status", "grads bitwise", "peak act", "within", "time/none")
+"""The plan table's columns on the terminal without ``--wide`` (a subset of :data:`COLUMNS`)."""
+
+
+def print_summary(report: dict, console: Console, wide: bool = False) -> None:
+    """The plan rows (``wide``: every column of :data:`COLUMNS`) and the torch.compile points, within the terminal's width."""
+    keep = [i for i, c in enumerate(COLUMNS) if wide or c in TERMINAL_COLUMNS]
+    rows = table_rows(report["plan_rows"])
+    status = COLUMNS.index("status")
+    console.print(fitted_table(f"remat plans for a budget: {report['model']}", [COLUMNS[i] for i in keep],
+                               ([row[i] for i in keep] for row in rows), left=[True, True, True, True, True],
+                               styles=[None if row[status] == "pass" else "red" for row in rows]))
     if report.get("compiled"):
-        t = Table(title=Text("torch.compile, activation_memory_budget"))
-        for col in COMPILED_COLUMNS:
-            t.add_column(col)
-        for row in compiled_rows(report["compiled"]):
-            t.add_row(*map(Text, row))
-        console.print(t)
+        console.print(fitted_table("torch.compile, activation_memory_budget", COMPILED_COLUMNS,
+                                   compiled_rows(report["compiled"]), left=[True, True]))
 
 
 def _compiled_points(suite, budgets, backend: str, console, progress: bool) -> list[dict]:
@@ -309,7 +316,7 @@ def _plan(args, suite, budgets, console, claim, env) -> int:
     atomic_write(args.out / "plan.json", json_text(report))
     atomic_write(args.out / "plan.md", markdown(report))
     write_html(report, args.out)
-    print_summary(report, Console(width=240) if not console.is_terminal else Console())
+    print_summary(report, terminal_console(args.wide), args.wide)
     cc.note(console, f"wrote {args.out / 'plan.json'}, {args.out / 'plan.md'}, {args.out / HTML_NAME}"
             + (f", {args.out / 'frontier.png'}" if args.frontier else ""))
     compiled_ok = all(p.get("error") is None for p in report["compiled"])

@@ -24,6 +24,8 @@ from parity.cli.budget import check_device_fits, check_fits, run_estimate
 from parity.cli.checks import out_path, unique_items
 from parity.cli.command import CommandExit, checked, claimed, fail, make_console
 from parity.cli.distributed import cmd_distributed
+from parity.cli.estimate import add_parser as add_estimate_parser
+from parity.cli.estimate import cmd_estimate
 from parity.cli.finetune import add_parser as add_finetune_parser
 from parity.cli.finetune import cmd_finetune
 from parity.cli.plan import add_parser as add_plan_parser
@@ -32,6 +34,7 @@ from parity.cli.sweep import add_parser as add_sweep_parser
 from parity.cli.sweep import cmd_sweep
 from parity.cli.util import OneLineParser, ascii_int, split_list
 from parity.inputs.checkpoints import check_weights_file
+from parity.inputs.model_preset import with_shape
 from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.pretrained import checkpoint_preset
 from parity.report.environment import environment_info
@@ -80,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run on a local Hugging Face checkpoint directory instead of a --model preset (config.json, "
                      "model.safetensors, tokenizer.json; BERT: contrastive fine-tuning on the bundled sentence "
                      "pairs; GPT-2: next-token training on the bundled corpus)")
+    run.add_argument("--batch-size", type=ascii_int, default=None,
+                     help="B, sequences per step (default: the model's; sentences for a sentence-pair model)")
+    run.add_argument("--seq-len", type=ascii_int, default=None,
+                     help="T, tokens per sequence (default: the model's); the run is refused when it would not fit "
+                     "in memory here (python -m parity estimate answers for any size)")
     run.add_argument("--dtype", default="float32",
                      help=f"comma-separated dtypes among {', '.join(SUPPORTED_DTYPES)} (default: float32)")
     run.add_argument("--frameworks", default=",".join(FRAMEWORK_NAMES),
@@ -93,10 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="timed training steps per case, median reported (default: the model's, else 5)")
     run.add_argument("--seed", type=ascii_int, default=0, help="seed of the weights and token windows (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    run.add_argument("--wide", action="store_true", help="print every column of the case table (report.md has them all)")
 
     add_sweep_parser(sub)
     add_plan_parser(sub)
     add_finetune_parser(sub)
+    add_estimate_parser(sub)
     return parser
 
 
@@ -136,6 +146,7 @@ def _preset(args, dtypes):
         preset = checkpoint_preset(args.checkpoint)
     else:
         preset = get_preset(args.model or DEFAULT_MODEL)
+    preset = with_shape(preset, args.batch_size, args.seq_len)
     file_bytes = 0
     if preset.checkpoint is not None:
         path = preset.checkpoint()  # a missing checkpoint is bad input (exit 2 with the install command)
@@ -200,10 +211,10 @@ def cmd_run(args) -> int:
                                   if written["cases"] else "interrupted before any case finished: no report was written")
         report["complete"] = True
         report["environment"] = env
-        return cc.finish_report(console, report, args.out, "the report's failed checks and errors")
+        return cc.finish_report(console, report, args.out, "the report's failed checks and errors", wide=args.wide)
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan, "finetune": cmd_finetune}
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan, "finetune": cmd_finetune, "estimate": cmd_estimate}
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Optional
 
-from jaxremat.models import TransformerConfig
+from jaxremat.models import TransformerConfig, get_model
 
 from parity.inputs.train import AdamWConfig
 
@@ -47,3 +47,33 @@ class ModelPreset:
     hparams: Optional[AdamWConfig] = None
     eager_dropouts: Optional[tuple[float, ...]] = None
     repeats: Optional[int] = None
+
+
+def with_shape(preset: ModelPreset, batch_size: int | None = None, seq_len: int | None = None) -> ModelPreset:
+    """``preset`` at another batch shape (``--batch-size``, ``--seq-len``); ``None`` keeps the preset's.
+
+    A preset with random weights grows its positions to ``seq_len``; a checkpoint's positions are fixed.
+
+    Raises:
+        ValueError: one line: a size below 1, a sequence longer than a checkpoint's positions, an odd
+            batch for a model trained on sentence pairs.
+    """
+    changes = {}
+    for option, value, key in (("--batch-size", batch_size, "batch_size"), ("--seq-len", seq_len, "seq_len")):
+        if value is None:
+            continue
+        if value < 1:
+            raise ValueError(f"{option} must be >= 1, got {value}")
+        changes[key] = value
+    if not changes:
+        return preset
+    cfg = preset.config
+    if seq_len is not None and seq_len > cfg.max_seq_len:
+        if preset.checkpoint is not None:
+            raise ValueError(f"--seq-len {seq_len} exceeds {preset.name}'s {cfg.max_seq_len} positions (its checkpoint "
+                             f"fixes them): use --seq-len <= {cfg.max_seq_len}")
+        cfg = cfg.replace(max_seq_len=seq_len)
+    if batch_size is not None and get_model(cfg.arch).batch == "sentence_pairs" and batch_size % 2:
+        raise ValueError(f"--batch-size {batch_size}: {preset.name} trains on sentence pairs, so the batch counts "
+                         "sentences and must be even")
+    return dataclasses.replace(preset, config=cfg, **changes)

@@ -6,10 +6,10 @@ when the report has a ``distributed`` key (docs/report-schema.md).
 
 from __future__ import annotations
 
-from rich.table import Table
 from rich.text import Text
 
 from parity.report.format import fmt_bit, fmt_bytes, md_table
+from parity.report.terminal import fitted_table
 
 MESH_COLUMNS = ("plan", "status", "grads bitwise", "weights bitwise", "max ULP", "exception", "ref ok", "ref err",
                 "params/dev", "pred", "grads/dev", "opt/dev", "act/dev", "act pred", "act/none", "peak/dev")
@@ -141,15 +141,19 @@ def markdown_sections(report: dict) -> list[str]:
     return parts
 
 
-def print_mesh_tables(report: dict, console) -> None:
-    """Print one rich table per mesh."""
+TERMINAL_MESH_COLUMNS = ("plan", "status", "grads bitwise", "weights bitwise", "ref ok", "act/dev", "act/none",
+                         "peak/dev", "vs 1 process")
+"""The mesh columns the terminal shows without ``--wide`` (those of :func:`columns` that a section has)."""
+
+
+def print_mesh_tables(report: dict, console, wide: bool = False) -> None:
+    """Print one table per mesh (``wide``: every column of :func:`columns`, else :data:`TERMINAL_MESH_COLUMNS`)."""
 
     for m in report["distributed"]["meshes"]:
-        t = Table(title=Text(title(m)))
-        for col in columns(m):
-            t.add_column(col)
-        for r, row in zip(m["rows"], mesh_rows(m)):
-            t.add_row(*map(Text, row), style=None if r["status"] == "pass" else "red")
-        console.print(t)
+        cols = columns(m)
+        keep = [i for i, c in enumerate(cols) if wide or c in TERMINAL_MESH_COLUMNS]
+        rows = [[row[i] for i in keep] for row in mesh_rows(m)]
+        console.print(fitted_table(title(m), [cols[i] for i in keep], rows, left=[True, True],
+                                   styles=[None if r["status"] == "pass" else "red" for r in m["rows"]]))
     for why in (report["distributed"].get("not_run") or {}).values():
         console.print(Text(why))

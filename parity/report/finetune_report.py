@@ -7,10 +7,10 @@ tables through :func:`parity.report.format.md_table`.
 
 from __future__ import annotations
 
-from rich.table import Table
 from rich.text import Text
 
 from parity.checks.verdict import report_passed
+from parity.report.terminal import fitted_table
 from parity.report.format import fmt_bit, fmt_bytes, fmt_range, fmt_ratio, md_table
 from parity.report.suite_report import Column
 
@@ -96,12 +96,15 @@ def finetune_markdown(report: dict) -> str:
     return "\n".join(parts)
 
 
-def print_finetune(report: dict, console) -> None:
-    """The case table and the verdict on the terminal."""
-    t = Table(title=Text(f"fine-tuning {report['model']}: {report['steps']} steps"))
-    for c in FINETUNE_COLUMNS:
-        t.add_column(c.header, justify="left" if c.left else "right")
-    for x in report["cases"]:
-        t.add_row(*(Text(c.cell(x)) for c in FINETUNE_COLUMNS), style=None if x["status"] == "pass" else "red")
-    console.print(t)
+TERMINAL_HEADERS = ("framework", "mode", "dropout", "plan", "status", "losses bitwise", "weights bitwise",
+                    "peak act/none", "time/none")
+"""The case table's columns on the terminal without ``--wide`` (finetune.md has every column)."""
+
+
+def print_finetune(report: dict, console, wide: bool = False) -> None:
+    """The verdict, then the case table within the terminal's width (``wide``: every column)."""
     console.print(Text(verdict(report).replace("**", "")))
+    cols = [c for c in FINETUNE_COLUMNS if wide or c.header in TERMINAL_HEADERS]
+    console.print(fitted_table(f"fine-tuning {report['model']}: {report['steps']} steps", [c.header for c in cols],
+                               ([c.cell(x) for c in cols] for x in report["cases"]), left=[c.left for c in cols],
+                               styles=[None if x["status"] == "pass" else "red" for x in report["cases"]]))

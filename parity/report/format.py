@@ -13,15 +13,15 @@ import math
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
-def fmt_bytes(n) -> str:
+def fmt_bytes(n, digits: int = 1) -> str:
     """``n`` bytes for people: ``"123 B"``, ``"900.2 KiB"``, ``"10.4 MiB"``, ``"1.5 GiB"`` (binary units, up
-    to PiB); ``"-"`` for None."""
+    to PiB; ``digits`` decimals past bytes); ``"-"`` for None."""
     if n is None:
         return "-"
     x = float(n)
     for unit in _UNITS:
         if abs(x) < 1024 or unit == _UNITS[-1]:
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.{digits}f} {unit}"
         x /= 1024
     return f"{n} B"  # unreachable: the last unit returns
 

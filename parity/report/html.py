@@ -45,18 +45,18 @@ from parity.report.html_model import DEFAULT_BATCHES, DEFAULT_MAX_DEPTH, DEFAULT
 from parity.runners.framework import FRAMEWORK_NAMES
 
 HTML_NAME = "report.html"
-SOURCES = ("report.json", "sweep.json", "plan.json", "finetune.json")
-MIN_SCHEMA = {"run": 6, "sweep": 4, "plan": 2, "finetune": 1}
+SOURCES = ("report.json", "sweep.json", "plan.json", "finetune.json", "estimate.json")
+MIN_SCHEMA = {"run": 6, "sweep": 4, "plan": 2, "finetune": 1, "estimate": 1}
 """The oldest schema of each report the page reads: the ones whose cases start with the same fields
 (:data:`parity.cases.record.BASE_FIELDS`)."""
 
 
 def report_kind(report: dict) -> str:
-    """``"plan"``, ``"sweep"``, ``"finetune"`` or ``"run"``: which command wrote ``report``."""
+    """``"plan"``, ``"sweep"``, ``"finetune"``, ``"estimate"`` or ``"run"``: which command wrote ``report``."""
     if "plan_rows" in report:
         return "plan"
-    if report.get("command") == "finetune":
-        return "finetune"
+    if report.get("command") in ("finetune", "estimate"):
+        return report["command"]
     return "sweep" if "slopes" in report or "depths" in report else "run"
 
 
@@ -146,9 +146,13 @@ def page_data(report: dict) -> dict:
             "line_dash": {fw: "solid" if i == 0 else "dash" for i, fw in enumerate(FRAMEWORK_NAMES)},
             "loss_curves": [{"framework": c["framework"], "plan": c["plan"], "dropout": c["dropout"],
                              "losses": c["losses"]} for c in report.get("cases") or [] if c.get("losses")],
+            "estimate_rows": [{k: r.get(k) for k in ("framework", "plan", "parameters_bytes", "gradients_bytes",
+                                                     "adamw_state_bytes", "activation_peak_bytes", "total_peak_bytes",
+                                                     "recompute_flops")}
+                              for r in report.get("rows") or []] if kind == "estimate" else [],
             "defaults": {"batch": report.get("batch_size"), "seq": report.get("seq_len"),
                          "n_layer": (report.get("config") or {}).get("n_layer")}}
-    if _modelled(cfg):
+    if _modelled(cfg) and kind != "estimate":  # an estimate's model is real-size: its table and bars say it all
         deepest = max([p["n_layer"] for p in points if p["n_layer"]] + [cfg.n_layer, DEFAULT_MAX_DEPTH])
         batches = sorted({*DEFAULT_BATCHES, report.get("batch_size") or 1})
         seqs = sorted({*DEFAULT_SEQS, report.get("seq_len") or 16})
@@ -182,7 +186,7 @@ def _compiled_points(report: dict) -> list[dict]:
 
 def _title(report: dict, kind: str) -> str:
     what = {"run": "Parity report", "sweep": "Depth sweep", "plan": "Memory-budget plans",
-            "finetune": "Fine-tuning under every plan"}[kind]
+            "finetune": "Fine-tuning under every plan", "estimate": "Memory estimate, nothing allocated"}[kind]
     return f"{what}: {report.get('model') or 'gpt'}" + (f" ({report['suite']} suite)" if report.get("suite") else "")
 
 
@@ -229,7 +233,7 @@ def load_report(directory: Path) -> dict:
                                  "the command that wrote it again")
             return report
     raise FileNotFoundError(f"{directory} holds none of {', '.join(SOURCES)}; pass the --out directory of "
-                            "python -m parity run, sweep or plan")
+                            "python -m parity run, sweep, plan, finetune or estimate")
 
 
 def main(argv=None) -> int:

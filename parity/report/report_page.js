@@ -263,6 +263,16 @@ function buildStatic() {
       name: `${c.framework} ${c.plan} dropout ${c.dropout}`, line: {dash: c.dropout === 0 ? "dot" : (D.line_dash[c.framework] || "dash")}})),
       {xaxis: {title: {text: "step"}}, yaxis: {title: {text: "loss"}}, legend: {font: {size: 10}}}, PLOT_CONFIG);
   }
+  if (D.estimate_rows && D.estimate_rows.length) {
+    const div6 = section("Estimated memory of one training step, per plan and framework (nothing allocated)",
+      "Stacked: parameters, gradients, AdamW state and the activation peak (the step's peak less the model state); the bar's top is the total peak.");
+    const GIB = 1024 * 1024 * 1024, R = D.estimate_rows, labels = R.map(r => `${r.framework} ${r.plan}`);
+    const parts = [["parameters", "parameters_bytes"], ["gradients", "gradients_bytes"], ["AdamW state", "adamw_state_bytes"],
+                   ["activation peak", "activation_peak_bytes"]];
+    Plotly.newPlot(div6, parts.map(([name, key]) => ({type: "bar", name: name, x: labels, y: R.map(r => (r[key] || 0) / GIB)})),
+      {barmode: "stack", height: 520, yaxis: {title: {text: "GiB (2^30 bytes)"}}, xaxis: {automargin: true},
+       legend: {orientation: "h", y: 1.08}}, PLOT_CONFIG);
+  }
   if (D.cross_framework.length) {
     const host = document.getElementById("static");
     host.append(el("h3", {}, "JAX vs PyTorch (same weights and tokens), measured"));

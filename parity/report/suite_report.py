@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from jaxremat.models import get_model, registered_models
@@ -27,6 +26,7 @@ from parity.checks.predictions import GAP_LIMIT
 from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
 from parity.report.format import fmt_bit, fmt_bytes, fmt_gap, fmt_range, fmt_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
+from parity.report.terminal import fitted_table, terminal_console
 
 from parity.checks.verdict import report_passed
 from parity.report import distributed_report
@@ -215,6 +215,34 @@ DROPOUT_COLUMN = Column("dropout", "dropout", lambda v: f"{v or 0.0:g}", left=Tr
 """Added after ``dtype`` when some case runs dropout."""
 
 
+def _bitwise(c: dict) -> str:
+    """Gradients and trained weights against ``none``: ``yes``, ``NO`` (with the largest ULP distance) or ``-``."""
+    bits = [c.get("grads_bitwise_equal"), c.get("weights_bitwise_equal")]
+    if all(b is None for b in bits):
+        return "-"
+    if all(b is not False for b in bits):
+        return "yes"
+    return "NO" + (f" {c['max_ulp']} ULP" if c.get("max_ulp") is not None else "")
+
+
+def _time(c: dict) -> str:
+    t, r = c.get("time_overhead"), c.get("time_overhead_range")
+    return "-" if t is None else f"{t:.2f}" + (f" ({fmt_range(r)})" if r else "")
+
+
+TERMINAL_COLUMNS: tuple[Column, ...] = (
+    Column("fw", "framework", left=True),
+    Column("mode", "mode", left=True),
+    Column("plan", _plan_label, left=True),
+    Column("status", "status", left=True),
+    Column("bitwise", _bitwise),
+    Column("act/none", "saving", _saving),
+    Column("time/none (range)", _time),
+)
+"""The terminal's case table (``--wide``: :data:`CASE_COLUMNS`): framework, mode, plan, status, gradients and
+weights bitwise, measured peak activation over ``none``'s, step time over ``none``'s with its range."""
+
+
 def legend(columns) -> str:
     """The case table's legend: what a case compares, then each documented column's ``doc``."""
     docs = "; ".join(f"`{c.header}` = {c.doc}" for c in columns if c.doc)
@@ -294,38 +322,41 @@ def cross_row(x: dict) -> list[str]:
             f(x.get("tolerance")), "yes" if x["ok"] else "NO"]
 
 
-def print_tables(report: dict, console: Console | None = None) -> None:
-    """Print the case table and the cross-framework table to the terminal."""
-    if console is None:
-        console = Console()
-        if not console.is_terminal:  # pipes and CI logs: do not squeeze the table into 80 columns
-            console = Console(width=240)
+def terminal_columns(report: dict) -> tuple[Column, ...]:
+    """:data:`TERMINAL_COLUMNS`, with ``dtype`` (several dtypes) and ``dropout`` (some case runs it) after ``mode``."""
+    extra = tuple(col for col, on in ((Column("dtype", "dtype", left=True), len({c["dtype"] for c in report["cases"]}) > 1),
+                                      (DROPOUT_COLUMN, any(c.get("dropout") for c in report["cases"]))) if on)
+    return TERMINAL_COLUMNS[:2] + extra + TERMINAL_COLUMNS[2:]
+
+
+_STYLE = {"pass": None, "fail": "red", "no_saving": "red", "over_budget": "red", "error": "bold red"}
+
+
+def print_tables(report: dict, console: Console | None = None, wide: bool = False) -> None:
+    """Print the verdict, then the case table (compact: :func:`terminal_columns`; ``wide``: every column), the
+    peer and cross-framework tables, and each error and no-saving case in a line, within the terminal's width
+    (:mod:`parity.report.terminal`)."""
+    console = console or terminal_console(wide)
+    console.print(Text(verdict(report).replace("**", "")))
     if report.get("distributed") and not report["cases"]:
-        distributed_report.print_mesh_tables(report, console)
+        distributed_report.print_mesh_tables(report, console, wide)
         return
-    t = Table(title=Text(f"parity: {report['model']} ({report['suite']} suite)"), show_lines=False)
-    for col in case_columns(report):
-        t.add_column(col.header, justify="left" if col.left else "right")
-    for c, row in zip(report["cases"], case_table(report)[1]):
-        style = {"pass": None, "fail": "red", "no_saving": "red", "over_budget": "red", "error": "bold red"}.get(c["status"])
-        t.add_row(*map(Text, row), style=style)
-    console.print(t)
+    columns = case_columns(report) if wide else terminal_columns(report)
+    console.print(fitted_table(f"parity: {report['model']} ({report['suite']} suite)", [c.header for c in columns],
+                               ([col.cell(c) for col in columns] for c in report["cases"]),
+                               left=[c.left for c in columns], styles=[_STYLE.get(c["status"]) for c in report["cases"]]))
+    if not wide:
+        console.print(Text("every column: --wide, report.md and report.html"))
     if report.get("distributed"):
-        distributed_report.print_mesh_tables(report, console)
+        distributed_report.print_mesh_tables(report, console, wide)
     if report.get("peer"):
-        p = Table(title="Hidden states against a peer (same weights and tokens, dropout off)")
-        for col in PEER_COLUMNS:
-            p.add_column(col)
-        for row in report["peer"]:
-            p.add_row(*map(Text, peer_row(row)), style="red" if row["ok"] is False else None)
-        console.print(p)
+        console.print(fitted_table("Hidden states against a peer (same weights and tokens, dropout off)", PEER_COLUMNS,
+                                   map(peer_row, report["peer"]), left=[True, True],
+                                   styles=["red" if r["ok"] is False else None for r in report["peer"]]))
     if report["cross_framework"]:
-        x = Table(title="JAX vs PyTorch (same weights and tokens)")
-        for col in CROSS_COLUMNS:
-            x.add_column(col)
-        for row in report["cross_framework"]:
-            x.add_row(*map(Text, cross_row(row)), style=None if row["ok"] else "red")
-        console.print(x)
+        console.print(fitted_table("JAX vs PyTorch (same weights and tokens)", CROSS_COLUMNS,
+                                   map(cross_row, report["cross_framework"]), left=[True, True],
+                                   styles=[None if r["ok"] else "red" for r in report["cross_framework"]]))
     for c in report["cases"]:
         if c["status"] == "error":
             console.print(Text.assemble(("error", "bold red"),

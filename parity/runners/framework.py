@@ -222,6 +222,19 @@ class Framework(Protocol):
     def default_menu(self) -> tuple:
         """The planner's default checkpoint options in this framework."""
 
+    def estimate_plans(self, cfg: "TransformerConfig", batch: int, seq: int, plans, *, budget=None) -> list[dict]:
+        """One row per plan of a training step at ``cfg`` and ``(batch, seq)``, nothing allocated at any size
+        (JAX: a compile from abstract arguments; PyTorch: the step under fake tensors): keys
+        :data:`parity.runners.estimate_budget.ROW_KEYS`, ``none`` first, the planner's plan for ``budget``
+        (bytes, ``"24GiB"`` or ``"50%"``) last. Raises ValueError (one line) on bad input, a budget below
+        anything a plan reaches, or a compile that needs more host memory than the machine has."""
+
+    def check_estimates(self, cfg: "TransformerConfig", batch: int, seq: int, plans) -> list[dict]:
+        """The estimate against the step run for real at a shape that runs here, one row per plan:
+        ``{"framework", "plan", "estimated_peak_bytes", "measured_peak_bytes", "difference_bytes", "relative",
+        "margin_bytes", "within_margin", "what", "detail"}`` (``what``: what was compared; ``detail``: the
+        framework's own breakdown)."""
+
     def no_saving_cause(self, res: RunResult, ref: RunResult, batch: int, seq: int) -> str:
         """Why a plan that keeps fewer activations than ``none`` did not lower the measured peak (one line), at
         batch ``batch`` and length ``seq`` (so the line can say at which shape remat would matter)."""

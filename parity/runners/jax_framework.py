@@ -28,7 +28,7 @@ from jaxremat.survival import count_dots
 
 from parity.distributed.launch import run_jax_worker
 from parity.inputs.train import AdamWConfig
-from parity.runners import jax_runner, jax_stress, jax_train
+from parity.runners import jax_estimate, jax_runner, jax_stress, jax_train
 from parity.runners.framework import FRAMEWORKS, RunOptions
 from parity.runners.jax_memory import measure_jax
 from parity.runners.result import RunResult, TrainRun, kept_and_offloaded, memory_fields, timed
@@ -182,6 +182,24 @@ class JaxFramework:
         the process was started with ``XLA_DUMP_ENV`` naming a dump folder; ``threads`` is not settable
         in-process: XLA:CPU sizes its pool from the CPU affinity at start)."""
         return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "xla_vector_registers": xla_vector_registers()}
+
+    def estimate_plans(self, cfg: TransformerConfig, batch: int, seq: int, plans, *, budget=None) -> list[dict]:
+        """XLA's compiled memory of ``jit(value_and_grad(loss))`` from abstract arguments
+        (:func:`parity.runners.jax_estimate.estimate_plans`)."""
+        return jax_estimate.estimate_plans(cfg, batch, seq, plans, budget=budget)
+
+    def check_estimates(self, cfg: TransformerConfig, batch: int, seq: int, plans) -> list[dict]:
+        """The compile from abstract arguments against the compile from arrays: every field of
+        ``memory_analysis()`` equal, margin 0 bytes (:func:`parity.runners.jax_estimate.check_plans`)."""
+        out = []
+        for r in jax_estimate.check_plans(cfg, batch, seq, plans):
+            est, real = r["abstract"]["peak_bytes"], r["concrete"]["peak_bytes"]
+            out.append({"framework": "jax", "plan": r["plan"], "estimated_peak_bytes": est, "measured_peak_bytes": real,
+                        "difference_bytes": est - real, "relative": (est - real) / real, "margin_bytes": 0,
+                        "within_margin": r["equal"],
+                        "what": "compiled memory_analysis() from shapes against from arrays, every field",
+                        "detail": {"abstract": r["abstract"], "concrete": r["concrete"]}})
+        return out
 
     def compiler_budget_points(self, cfg, params, tokens, fractions, *, backend: str, repeats: int) -> list[dict]:
         """``[]``: JAX's remat is chosen in the program (``jax.checkpoint`` policies), not by a compiler budget."""

@@ -26,7 +26,7 @@ from torchref.planner import DEFAULT_MENU, model_chain
 from torchref.render import model_loss
 
 from parity.distributed.launch import run_torch_ranks
-from parity.runners import torch_runner, torch_stress, torch_train
+from parity.runners import torch_estimate, torch_runner, torch_stress, torch_train
 from parity.runners.framework import FRAMEWORKS, RunOptions
 from parity.runners.result import RunResult, TrainRun, kept_and_offloaded, memory_fields, timed
 from parity.runners.torch_loss_terms import loss_term_scale
@@ -108,22 +108,27 @@ class TorchFramework:
         activations some other way.
 
         In the first case the line also says what share of the step's peak ``none``'s saved activations
-        are, and from about which batch or length they would exceed the temporary that sets the peak
-        (saved activations grow about in proportion to B and to T: a lower bound on the shape at which
-        remat matters; attention's T x T scores make it come sooner in T)."""
+        are, and from about which batch or length they would set the peak: the step frees its gradients
+        before the forward pass (``zero_grad(set_to_none=True)``), so the forward pass's end holds the
+        saved activations where the peak after the backward pass holds the gradients and the temporary
+        (MemTracker's ``GRAD`` and ``TEMP`` at the peak); saved activations grow about in proportion to B
+        and to T (a lower bound on the shape at which remat matters; attention's T x T scores make it
+        come sooner in T)."""
         lines = [(r.memory.peak_breakdown or {}) if r.memory is not None else {} for r in (res, ref)]
         saved_ref = ref.memory.saved_bytes if ref.memory is not None else None
         if saved_ref and all("ACT" in b for b in lines) and \
                 max(int(b["ACT"]) for b in lines) < NO_LIVE_ACTIVATION * saved_ref:
             b = lines[0]
             temp, peak = int(b.get("TEMP", 0)), (ref.memory.peak_bytes if ref.memory is not None else 0)
-            scale = max(1.0, temp / saved_ref)
+            after = temp + int(b.get("GRAD", 0))  # what the peak after the backward pass holds that the forward's end does not
+            scale = max(1.0, after / saved_ref)
             share = f"{100 * saved_ref / peak:.0f}% of the step's peak" if peak else "a part of the step's peak"
             return (f"the step's peak lies after the blocks' backward, where no saved activation is live (MemTracker "
                     f"at the peak: ACT {int(b['ACT'])} B, TEMP {temp / 2**20:.1f} MiB, e.g. a dense "
                     f"embedding gradient; none's {saved_ref / 2**20:.1f} MiB of saved activations, {share}, are freed "
                     f"by then, in its step as in this one): remat cannot lower this step's peak at B={batch}, T={seq}; "
-                    f"the activations would exceed that temporary from about {scale:.1f}x this batch or length "
+                    f"the activations would set the peak once they exceed the gradients and that temporary "
+                    f"({after / 2**20:.1f} MiB), from about {scale:.1f}x this batch or length "
                     f"(B={int(batch * scale + 0.999)} or T={int(seq * scale + 0.999)})")
         return ("the recompute is in the program, but the allocator's peak did not drop (activations kept by "
                 "something else)")
@@ -176,6 +181,21 @@ class TorchFramework:
             torch.set_num_threads(int(threads))
         return {"aten_capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads(),
                 "mkl_cbwr": os.environ.get("MKL_CBWR")}
+
+    def estimate_plans(self, cfg: TransformerConfig, batch: int, seq: int, plans, *, budget=None) -> list[dict]:
+        """The step under fake tensors, its live storages counted (:func:`parity.runners.torch_estimate.estimate_plans`)."""
+        return torch_estimate.estimate_plans(cfg, batch, seq, plans, budget=budget)
+
+    def check_estimates(self, cfg: TransformerConfig, batch: int, seq: int, plans) -> list[dict]:
+        """The fake-tensor peak against the real step's MemTracker peak, within
+        :data:`parity.runners.torch_estimate.CHECK_MARGIN_BYTES` (:func:`parity.runners.torch_estimate.check_plans`)."""
+        margin = torch_estimate.CHECK_MARGIN_BYTES
+        return [{"framework": "torch", "plan": r["plan"], "estimated_peak_bytes": r["fake"]["Total"],
+                 "measured_peak_bytes": r["real"]["Total"], "difference_bytes": r["difference_bytes"],
+                 "relative": r["relative"], "margin_bytes": margin, "within_margin": abs(r["difference_bytes"]) <= margin,
+                 "what": "peak of the step under fake tensors against the real step's MemTracker peak",
+                 "detail": {"fake": r["fake"], "real": r["real"]}}
+                for r in torch_estimate.check_plans(cfg, batch, seq, plans)]
 
     def compiler_budget_points(self, cfg, params, tokens, fractions, *, backend: str, repeats: int) -> list[dict]:
         """``torch.compile`` with ``torch._functorch.config.activation_memory_budget`` at each fraction

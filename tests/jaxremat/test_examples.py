@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import jax
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -36,9 +38,26 @@ def test_readme_survival_check_example_prints_true_true_none():
     assert out.stdout.split() == ["True", "True", "None"], out.stdout + out.stderr
 
 
-def test_readme_budget_example_is_the_example_file_and_prints_its_plan_and_true_true_true():
+def _printed_after(code: str) -> str:
+    """The ``prints`` block that follows ``code`` in README.md."""
+    return (ROOT / "README.md").read_text().split(code, 1)[1].split("```\n", 3)[2]
+
+
+def test_readme_budget_example_fits_the_stack_in_one_call_as_printed():
     code = readme_block("Fit a memory budget")
-    assert code == (ROOT / "examples" / "plan_flax_budget.py").read_text()
+    assert code == (ROOT / "examples" / "plan_flax_budget.py").read_text() and len(code.splitlines()) <= 10
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[0].startswith("plan(") and words[1:] == ["True", "True"], out.stdout + out.stderr
+    if jax.default_backend() == "cpu":  # the README prints XLA:CPU's plan
+        assert _printed_after(code) == out.stdout, "README's printed output is stale"
+
+
+def test_expert_budget_example_in_docs_prints_its_plan_and_true_true_true():
+    code = (ROOT / "examples" / "plan_flax_budget_expert.py").read_text()
+    assert code in (ROOT / "docs" / "planner.md").read_text()
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr
@@ -53,6 +72,21 @@ def test_readme_sharding_example_prints_sharded_gradients_and_true():
                          env=dict(env, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "P(None, 'fsdp') True", out.stdout + out.stderr
+
+
+def test_readme_estimate_example_is_the_example_file_and_prints_four_plans_in_order_of_peak():
+    code = readme_block("Estimate a model that does not fit here")
+    assert code == (ROOT / "examples" / "estimate_24_layers.py").read_text() and len(code.splitlines()) <= 15
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["none", "every_k(2)", "sqrt", "full"], out.stdout
+    peak = {r[0]: float(r[2]) for r in rows}
+    assert peak["none"] > peak["sqrt"] > peak["every_k(2)"] > peak["full"] > 12.0  # 12 GiB: parameters and gradients
+    printed = (ROOT / "README.md").read_text().split(code, 1)[1].split("```\n", 3)[2]
+    if jax.default_backend() == "cpu":  # the README prints XLA:CPU's figures
+        assert printed == out.stdout, "README's printed output is stale"
 
 
 def test_readme_doctor_example_is_the_example_file_and_prints_what_the_readme_shows():

@@ -151,3 +151,26 @@ def test_block_dropout_uses_key_and_is_reproducible(tiny):
     assert np.array_equal(np.asarray(blk(layer, x, None)), np.asarray(blk(layer, x, None)))
     e = jax.jit(lambda p, i, key: embed(p, i, cfg, dropout_key=key))(params, jnp.zeros((1, 4), jnp.int32), k)
     assert e.shape == (1, 4, 16) and (np.asarray(e) == 0).any()
+
+
+def test_fused_attention_remat_is_bitwise_under_jit_and_its_interior_has_no_names():
+    from jaxremat.memory import saved_activation_bytes
+    from jaxremat.models import TransformerConfig
+    from jaxremat.spec import parse_plan
+
+    fused = TransformerConfig(vocab_size=64, n_layer=4, d_model=32, n_head=2, d_ff=64, max_seq_len=16,
+                              attention="fused")
+    params = {k: jnp.asarray(v) for k, v in init_params(fused, seed=0).items()}
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 17)), jnp.int32)
+    grads = {}
+    for plan in ("none", "every_k(2)"):
+        p = parse_plan(plan)
+        _, grads[plan] = jax.jit(jax.value_and_grad(lambda q: loss_fn(q, tokens, fused, p.schedule)))(params)
+    assert all(np.array_equal(grads["every_k(2)"][k], grads["none"][k]) for k in params)
+
+    def kept(plan):
+        p = parse_plan(plan)
+        return saved_activation_bytes(lambda q: loss_fn(q, tokens, fused, p.schedule, policy=p.policy), params)
+
+    # the fused call's scores and probabilities have no name: a policy naming them keeps nothing of it
+    assert kept("full+save_names(attn_probs)") == kept("full") < kept("full+save_names(attn_out)")

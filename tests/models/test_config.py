@@ -3,7 +3,7 @@
 import pytest
 
 from jaxremat.models import TransformerConfig
-from jaxremat.models.config import COMPUTE_DTYPES
+from jaxremat.models.config import ATTENTION_KINDS, COMPUTE_DTYPES
 
 
 def test_compute_dtype_accepts_bfloat16_and_none():
@@ -34,3 +34,19 @@ def test_config_rejects_bad_fields(kwargs, field):
 def test_config_rejects_an_unregistered_arch_listing_the_families():
     with pytest.raises(ValueError, match="arch must be one of gpt, bert, got 'llama'"):
         TransformerConfig(arch="llama")
+
+
+def test_attention_defaults_to_materialized_and_the_gpt_implements_fused():
+    assert TransformerConfig().attention == "materialized" and ATTENTION_KINDS == ("materialized", "fused")
+    assert TransformerConfig(attention="fused").attention == "fused"
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"attention": "flash"}, "attention must be one of materialized, fused, got 'flash'"),
+    ({"attention": "fused", "arch": "bert"}, "not implemented for arch='bert'"),
+    ({"attention": "fused", "dropout": 0.1}, "needs dropout 0"),
+    ({"attention": "fused", "dtype": "float64"}, "needs dtype='float32'"),
+])
+def test_attention_rejects_what_is_not_implemented(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig(**changes)

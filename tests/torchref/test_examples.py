@@ -1,4 +1,4 @@
-"""The README's "Use it in your own PyTorch model" example is examples/torch_remat.py and runs."""
+"""The README's PyTorch examples (examples/torch_remat.py, examples/plan_torch_budget.py) run as printed."""
 
 import os
 import pathlib
@@ -23,3 +23,15 @@ def test_readme_torch_example_is_the_example_file_and_prints_true():
                          timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True", out.stdout + out.stderr
+
+
+def test_readme_torch_budget_example_fits_the_blocks_in_one_call_as_printed():
+    text = (ROOT / "README.md").read_text()
+    code = (ROOT / "examples" / "plan_torch_budget.py").read_text()
+    assert f"```python\n{code}```" in text and len(code.splitlines()) <= 10
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[0].startswith("plan(") and words[1:] == ["True", "True"], out.stdout + out.stderr
+    assert text.split(code, 1)[1].split("```\n", 3)[2] == out.stdout, "README's printed output is stale"

@@ -148,3 +148,29 @@ def test_from_params_leaves_global_rng_untouched():
     state = torch.get_rng_state()
     GPT.from_params(TINY, init_params(TINY))
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_fused_attention_is_one_sdpa_call_remat_bitwise_and_names_attn_out_only():
+    from jaxremat.spec import parse_plan
+    from torchref.policies import SelectiveCheckpoint
+    from torchref.render import model_loss
+
+    cfg = TransformerConfig(vocab_size=64, n_layer=4, d_model=32, n_head=2, d_ff=64, max_seq_len=16)
+    params = init_params(cfg, seed=0)
+    tokens = torch.from_numpy(np.random.default_rng(0).integers(0, 64, (2, 17)))
+    fused = cfg.replace(attention="fused")
+    ref = GPT.from_params(cfg, params).loss(tokens)
+    model = GPT.from_params(fused, params)
+    assert not any("causal_mask" in n for n, _ in model.named_buffers())  # is_causal=True masks inside the call
+    assert torch.allclose(model.loss(tokens), ref, rtol=1e-6, atol=0)
+    grads = {}
+    for plan in ("none", "every_k(2)", "full+save_dots"):
+        m = GPT.from_params(fused, params)
+        p = parse_plan(plan)
+        model_loss(m, tokens, p.schedule, policy=p.policy).backward()
+        grads[plan] = m.to_params(grads=True)
+    assert all(np.array_equal(grads[p][k], grads["none"][k]) for p in grads for k in grads[p])
+    sac = SelectiveCheckpoint("save_names(attn_out,attn_probs)")
+    with pytest.warns(Warning, match="keeps attn_probs, but the block marks no value with that name"):
+        model_loss(GPT.from_params(fused, params), tokens, parse_plan("full").schedule, policy=sac)
+    assert {r.name for r in sac.records} == {"attn_out"}  # the call's output (and log-sum-exp), kept under its name

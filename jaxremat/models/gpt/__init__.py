@@ -34,5 +34,6 @@ SPEC = register_model(ModelSpec(
     batch="windows",
     block_names_measurable=True,
     compute_dtypes=("bfloat16",),
+    attentions=("materialized", "fused"),
     stress_suite=True,
 ))

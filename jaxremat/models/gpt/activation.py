@@ -80,6 +80,18 @@ def _check(framework: str, cfg: TransformerConfig, batch: int, seq: int) -> None
                          "frameworks also keep a mask per dropout site; use cfg.replace(dropout=0.0)")
 
 
+def check_sizes(framework: str, cfg: TransformerConfig, batch: int, seq: int) -> None:
+    """Raise ValueError for an unknown framework, sizes out of range or dropout (the checks every count
+    here makes; the planners' menus, measured on the block, need no more)."""
+    _check(framework, cfg, batch, seq)
+
+
+def _check_materialized(cfg: TransformerConfig) -> None:
+    if getattr(cfg, "attention", "materialized") != "materialized":
+        raise ValueError(f"the per-tensor account covers attention='materialized' (got {cfg.attention!r}): a fused "
+                         "attention call keeps what its implementation keeps; measure it instead")
+
+
 def _jax_layer_norm(B, T, D, dt, name) -> list[TensorAccount]:
     return [
         _t(name, "rsqrt(var + eps)", (B, T, 1), dt),
@@ -95,6 +107,7 @@ def jax_block_tensors(cfg: TransformerConfig, batch: int, seq: int) -> list[Tens
     ``dot_general`` each, so no unit axis is squeezed into a second copy).
     """
     _check("jax", cfg, batch, seq)
+    _check_materialized(cfg)
     B, T, D, F, H, hd, dt = batch, seq, cfg.d_model, cfg.d_ff, cfg.n_head, cfg.head_dim, cfg.dtype
     return [
         *_jax_layer_norm(B, T, D, dt, "attn_norm"),
@@ -120,6 +133,7 @@ def torch_block_tensors(cfg: TransformerConfig, batch: int, seq: int) -> list[Te
     once, where ``q @ k^T`` saves it.
     """
     _check("torch", cfg, batch, seq)
+    _check_materialized(cfg)
     B, T, D, F, H, hd, dt = batch, seq, cfg.d_model, cfg.d_ff, cfg.n_head, cfg.head_dim, cfg.dtype
     isz = _ITEMSIZE[dt]
     if B == 1 or H == 1:
@@ -152,7 +166,7 @@ def block_tensors(framework: str, cfg: TransformerConfig, batch: int, seq: int) 
     """:func:`jax_block_tensors` or :func:`torch_block_tensors`.
 
     Raises:
-        ValueError: unknown framework, bad sizes, or ``cfg.dropout > 0``.
+        ValueError: unknown framework, bad sizes, ``cfg.dropout > 0``, or fused attention (``cfg.attention``).
     """
     _check(framework, cfg, batch, seq)
     return (jax_block_tensors if framework == "jax" else torch_block_tensors)(cfg, batch, seq)

@@ -1,0 +1,85 @@
+"""Terminal output fits the terminal: the verdict first, compact tables within ``COLUMNS`` (100 without a
+terminal), no header cut; ``--wide`` shows every column."""
+
+import io
+import json
+import pathlib
+
+import pytest
+from rich.console import Console
+
+from parity.cli.plan import COLUMNS as PLAN_COLUMNS
+from parity.cli.plan import print_summary
+from parity.report import terminal
+from parity.report.distributed_report import print_mesh_tables
+from parity.report.finetune_report import print_finetune
+from parity.report.suite_report import CASE_COLUMNS, TERMINAL_COLUMNS, print_tables
+
+DATA = pathlib.Path(__file__).parent / "data"
+RUN = json.loads((DATA / "report_gpt_tiny.json").read_text())
+PLAN = json.loads((DATA / "plan_frontier.json").read_text())
+FINETUNE = {"model": "minilm-l6", "steps": 2, "complete": True, "cross_framework": [], "cases": [
+    {"framework": fw, "mode": mode, "dropout": 0.1, "plan": plan, "status": "pass", "losses": [2.5, 2.25],
+     "losses_bitwise_equal": True, "weights_bitwise_equal": True, "weights_max_ulp": None, "peak_bytes": 3 << 20,
+     "peak_activation_bytes": 1 << 20, "peak_activation_ratio": 0.5, "step_time_s": 0.2, "time_overhead": 1.3,
+     "time_overhead_range": [1.1, 1.6]} for fw, mode in (("jax", "jit"), ("torch", "eager"))
+    for plan in ("none", "every_k(2)+save_qkv_proj")]}
+MESH = {"distributed": {"meshes": [{"framework": "jax", "mesh": "fsdp=4", "layout": "fully_sharded", "processes": 1,
+                                    "rows": [{"plan": "full", "status": "pass"}]}]}}
+
+
+def _printed(monkeypatch, columns: int, show, wide=False) -> list[str]:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    console = terminal.terminal_console(wide)
+    console.file = io.StringIO()
+    show(console)
+    return console.file.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("columns", [100, 80])
+@pytest.mark.parametrize("what, show", [
+    ("run", lambda c: print_tables(RUN, c)),
+    ("plan", lambda c: print_summary(PLAN, c)),
+    ("finetune", lambda c: print_finetune(FINETUNE, c)),
+])
+def test_no_line_is_wider_than_the_terminal_and_no_header_is_cut(monkeypatch, columns, what, show):
+    lines = _printed(monkeypatch, columns, show)
+    assert lines and max(len(x) for x in lines) <= columns, what
+    assert not any("…" in x for x in lines), what  # rich's ellipsis: a cut header or cell
+
+
+def test_run_prints_the_verdict_first_then_the_compact_columns(monkeypatch):
+    lines = _printed(monkeypatch, 100, lambda c: print_tables(RUN, c))
+    assert lines[0].startswith("Verdict: ")
+    head = next(x for x in lines if x.split()[:2] == ["fw", "mode"])
+    assert [c.header for c in TERMINAL_COLUMNS] == ["fw", "mode", "plan", "status", "bitwise", "act/none",
+                                                    "time/none (range)"]
+    assert "time/none (range)" in head and "saved pred" not in head
+    assert sum(x.split()[:1] == ["jax"] or x.split()[:1] == ["torch"] for x in lines) >= len(RUN["cases"])
+
+
+def test_wide_shows_every_column(monkeypatch):
+    text = "\n".join(_printed(monkeypatch, 100, lambda c: print_tables(RUN, c, wide=True), wide=True))
+    for col in CASE_COLUMNS:
+        for word in col.header.split():
+            assert word in text, col.header
+    plan_text = "\n".join(_printed(monkeypatch, 100, lambda c: print_summary(PLAN, c, wide=True), wide=True))
+    assert all(w in plan_text for h in PLAN_COLUMNS for w in h.split())
+
+
+def test_mesh_tables_keep_the_terminal_columns_unless_wide(monkeypatch):
+    def rows(m):
+        return [["full", "pass"] + ["x"] * 14]
+
+    monkeypatch.setattr("parity.report.distributed_report.mesh_rows", rows)
+    narrow = "\n".join(_printed(monkeypatch, 80, lambda c: print_mesh_tables(MESH, c)))
+    wide = "\n".join(_printed(monkeypatch, 80, lambda c: print_mesh_tables(MESH, c, wide=True), wide=True))
+    assert "params/dev" not in narrow and "act/none" in narrow and "params/dev" in wide
+
+
+def test_width_without_a_terminal_is_100_and_columns_wins(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert terminal.terminal_width() == terminal.DEFAULT_WIDTH == 100  # pytest's output is not a terminal
+    monkeypatch.setenv("COLUMNS", "80")
+    assert terminal.terminal_width() == 80 and terminal.terminal_console(wide=True).width == terminal.WIDE_WIDTH
+    assert isinstance(terminal.terminal_console(), Console)
