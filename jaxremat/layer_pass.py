@@ -360,36 +360,50 @@ class LayerProgram:
         stored = iter(stored)
         return [next(stored) if k in self._stored else next(computed) for k in range(self.n_kept_all)]
 
-    def forward(self, params, xs, consts, i, c, live=None):
+    def stacks(self, n: int) -> list:
+        """Zero buffers for ``n`` layers' stored residuals (leading axis ``n``)."""
+        return [jnp.zeros((n,) + tuple(v.aval.shape), v.aval.dtype) for v in self.jaxpr.outvars[self.n_cy:]]
+
+    def _stacked(self, out, stacks, j):
+        """``(carry, y, kept)`` of ``out``; with ``stacks``, ``kept`` written into slot ``j`` of them."""
+        c_out, y, kept = self._outputs(out)
+        if stacks is None:
+            return c_out, y, kept
+        return c_out, y, [lax.dynamic_update_index_in_dim(s, k.astype(s.dtype), j, 0) for s, k in zip(stacks, kept)]
+
+    def forward(self, params, xs, consts, i, c, live=None, stacks=None, j=None):
         """Layer ``i`` from carry ``c``: ``(carry, y, kept, saved)``; ``saved`` is [] without a policy.
 
-        ``live`` (:func:`alive`) is read by the predicate: the computation waits for it. The caller
-        stacks ``kept`` and ``saved`` as a ``scan``'s outputs (written in place by the loop; written
-        into a stack inside the computation, the stack was copied whole per layer).
+        With ``stacks`` (:meth:`stacks`), the residuals are written into their slot ``j`` inside the
+        computation and the updated stacks are returned in the place of ``kept`` (written outside,
+        the computation's outputs would be a second copy of one layer's residuals). ``live``
+        (:func:`alive`) is read by the predicate: the computation waits for it.
         """
         jaxpr = self.jaxpr if self.policy is None else self.forward_jaxpr
 
         def run(op):
-            out = _eval(jaxpr, [], self._inputs(*op))
-            return (*self._outputs(out), list(out[self.n_out:]))
-        return isolate(run, (params, xs, consts, i, c), self._pred(live))
+            *ins, stacks, j = op
+            out = _eval(jaxpr, [], self._inputs(*ins))
+            return (*self._stacked(out, stacks, j), list(out[self.n_out:]))
+        return isolate(run, (params, xs, consts, i, c, stacks, j), self._pred(live))
 
-    def recompute(self, params, xs, consts, i, c, saved: list, live=None):
+    def recompute(self, params, xs, consts, i, c, saved: list, live=None, stacks=None, j=None):
         """Layer ``i`` again from carry ``c`` and what its forward pass saved: ``(carry, y, kept)``.
 
-        ``live``: as in :meth:`forward`. Without ``carry_out`` the carry and ``y`` are None.
+        ``live``, ``stacks``, ``j``: as in :meth:`forward`. Without ``carry_out`` the carry and ``y``
+        are None.
         """
         if self.policy is None:
-            return self.forward(params, xs, consts, i, c, live)[:3]
+            return self.forward(params, xs, consts, i, c, live, stacks, j)[:3]
 
         def run(op):
-            *rest, saved = op
+            *rest, saved, stacks, j = op
             ins = [a for a, u in zip(self._inputs(*rest), self.recompute_inputs) if u]
             out = _eval(self.recompute_jaxpr, [], list(saved) + ins)
             if not self.carry_out:
                 out = [None] * self.n_cy + list(out)
-            return self._outputs(out)
-        return isolate(run, (params, xs, consts, i, c, saved), self._pred(live))
+            return self._stacked(out, stacks, j)
+        return isolate(run, (params, xs, consts, i, c, saved, stacks, j), self._pred(live))
 
     def _pred(self, live):
         return self.pred if live is None else self.pred + live

@@ -161,6 +161,11 @@ def _groups(segments, policies) -> list[_Group]:
     return out
 
 
+def _one_layer(res, n: int):
+    """``res`` as stacked residuals: a layer run alone returned its residuals unstacked."""
+    return _tree.tree_map(lambda a: a[None], res) if n == 1 else res
+
+
 def _flat_ys(ys, n_seg: int, k: int):
     return _tree.tree_map(lambda t: t.reshape((n_seg * k,) + t.shape[2:]), ys)
 
@@ -247,10 +252,12 @@ class _Stack:
                 prog = self.program()
 
                 def step(carry, i, a=a, prog=prog):
-                    c, live = carry
-                    c, y, kept, _ = prog.forward(self.params, self.xs, self.consts, a + i, c, live)
-                    return (c, live), (y, kept)
-                (c, live), (ys, res) = _scan(step, (c, live), g.n_seg * g.k)
+                    c, stacks, live = carry
+                    c, y, stacks, _ = prog.forward(self.params, self.xs, self.consts, a + i, c, live, stacks, i)
+                    return (c, stacks, live), y
+                n = g.n_seg * g.k
+                (c, res, live), ys = _scan(step, (c, self._stacks(prog, n, alive(c)), live), n)
+                res = _one_layer(res, n)
             else:  # keep the boundary; run the layers as a plain segment does, their residuals unused
                 prog = self.program(g.policy if g.inner is None else None, g.k > 1 or not self.lean)
 
@@ -267,6 +274,10 @@ class _Stack:
             ys_parts.append(ys)
         ys = ys_parts[0] if len(ys_parts) == 1 else _tree.tree_map(lambda *t: jnp.concatenate(t), *ys_parts)
         return c, ys, residuals, live
+
+    def _stacks(self, prog: LayerProgram, n: int, live):
+        """Zero buffers for ``n`` layers' residuals, made once ``live`` is (not earlier); None for n == 1."""
+        return None if n == 1 else [tie(z, live) for z in prog.stacks(n)]
 
     def _ct_y(self, j):
         """The cotangent of layer ``j``'s ``y`` output."""
@@ -318,11 +329,13 @@ class _Stack:
                 return self.backward(inner, start, inner_res, state, alive(c, ys, alive=live))
             prog, seg_saved = self.program(g.policy, g.k > 1 or not self.lean), take(saved, s)
 
-            def layer(c, j):
-                c, y, kept = prog.recompute(self.params, self.xs, self.consts, start + j, c, take(seg_saved, j), live)
-                return c, (y, kept)
-            c, (ys, kept) = _scan(layer, b, g.k)
-            return self._backward_layers(start, g.k, kept, state, alive(c, ys))
+            def layer(carry, j):
+                c, stacks = carry
+                c, y, stacks = prog.recompute(self.params, self.xs, self.consts, start + j, c, take(seg_saved, j),
+                                              live, stacks, j)
+                return (c, stacks), y
+            (c, kept), ys = _scan(layer, (b, self._stacks(prog, g.k, live)), g.k)
+            return self._backward_layers(start, g.k, _one_layer(kept, g.k), state, alive(c, ys))
 
         if g.n_seg == 1:
             return segment(state, _first_index())
