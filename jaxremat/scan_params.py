@@ -36,6 +36,11 @@ class ScanLayout:
         return self.consts + self.carry_in
 
 
+def _parts(tree: Any) -> tuple:
+    """The top-level parts of a scan's ``ft_in`` / ``ft_out`` (a FlatTree, or a plain tuple)."""
+    return tuple(tree.unpack()) if hasattr(tree, "unpack") else tuple(tree)
+
+
 def scan_layout(eqn: Any) -> ScanLayout:
     """The :class:`ScanLayout` of a ``scan`` equation (``jax.extend.core.JaxprEqn``).
 
@@ -45,7 +50,7 @@ def scan_layout(eqn: Any) -> ScanLayout:
     p = eqn.params
     if "num_consts" in p and "num_carry" in p:
         return ScanLayout(int(p["num_consts"]), int(p["num_carry"]), int(p["num_carry"]))
-    if "ft_in" in p and "ft_out" in p:
-        consts, carry, _ = p["ft_in"]
-        return ScanLayout(len(consts), len(carry), len(p["ft_out"][0]))
+    if "ft_in" in p and "ft_out" in p:  # jax._src.flattree.FlatTree values: tuples of leaves
+        consts, carry, _ = _parts(p["ft_in"])
+        return ScanLayout(len(consts), len(carry), len(_parts(p["ft_out"])[0]))
     raise ValueError(f"scan equation with parameters {sorted(p)}: neither num_consts/num_carry nor ft_in/ft_out")

@@ -57,3 +57,10 @@ def test_library_and_flax_example_run_without_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_readme_stays_short_with_the_set_up_commands_near_the_top():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail into docs/"
+    first_command = next(i for i, line in enumerate(lines) if line.startswith("python3 -m venv"))
+    assert first_command < 40

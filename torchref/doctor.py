@@ -324,6 +324,7 @@ def _problems(reports: list[ModuleReport]) -> list[TorchProblem]:
         if m.checkpoint and "reentrant" in m.checkpoint.split("+"):
             never = (f"; its recompute never ran ({m.checkpoint_calls} region(s), 0 recomputes), so the backward pass "
                      "did not reach it and its parameters got no gradient" if m.recomputes == 0 else "")
+            # detection, not use: torchref itself checkpoints non-reentrant only; this flags a user's reentrant call
             problems.append(TorchProblem(
                 "reentrant-checkpoint", m.name,
                 "checkpoint with use_reentrant=True: gradients of inputs that do not require grad, of keyword "

@@ -269,6 +269,18 @@ def _peer_rows(spec, suite: SuiteConfig, cfg, params, tokens, dtype: str) -> lis
                  "note": f"{type(exc).__name__}: {exc}"}]
 
 
+def _peer_step_rows(suite: SuiteConfig, cfg, params, tokens, dtype: str) -> list[dict]:
+    """Each framework's peer step beside its ``full`` (:meth:`parity.runners.framework.Framework.peer_step_rows`;
+    only PyTorch has one), or one failed row on error."""
+    rows = []
+    for fw in suite.frameworks:
+        try:
+            rows += get_framework(fw).peer_step_rows(cfg, params, tokens, suite.timing_repeats)
+        except Exception as exc:  # recorded as a failed check, and the suite goes on
+            rows.append({"check": f"{fw} peer step", "dtype": dtype, "ok": False, "note": f"{type(exc).__name__}: {exc}"})
+    return rows
+
+
 def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
               on_start: Callable[[str], None] | None = None,
               on_partial: Callable[[dict], None] | None = None) -> dict:
@@ -301,6 +313,7 @@ def run_suite(suite: SuiteConfig, on_case: Callable[[dict], None] | None = None,
         spec = get_model(cfg.arch)
         if spec.peer_checks is not None and dropout == 0.0:
             report.setdefault("peer", []).extend(_peer_rows(spec, suite, cfg, params, tokens, dtype))
+            report.setdefault("peer_step", []).extend(_peer_step_rows(suite, cfg, params, tokens, dtype))
         modes = [(f, m) for f, m in framework_modes(suite.frameworks) if _runs(suite, f, m, dropout)]
         results = run_cases(report, plans, modes, _SuiteCases(suite, cfg, params, tokens), callbacks)
         # With dropout the two frameworks draw different masks (different RNGs): compared only without.

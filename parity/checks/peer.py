@@ -1,4 +1,4 @@
-"""Checks against a peer implementation: our encoders' hidden states beside Hugging Face ``BertModel``.
+"""Checks against a peer implementation: our encoders beside Hugging Face ``BertModel``.
 
 With the same weights and the same padded tokens (dropout off, float32 or float64):
 
@@ -16,6 +16,10 @@ out); their error is reported in the note. Measured on minilm-l6 in float32: jax
 5e-7 on real tokens, 9e-6 on padded ones.
 ``transformers`` is an optional (``dev``) dependency: without it the first check is reported as
 skipped, never as passed.
+
+A training step beside the peer's own checkpointing is PyTorch's alone:
+:func:`parity.runners.torch_peer.hf_checkpointing_peer`, reached through the framework's
+``peer_step_rows`` verb.
 """
 
 from __future__ import annotations
@@ -43,6 +47,27 @@ def transformers_available() -> bool:
     return True
 
 
+def hf_bert_model(cfg: TransformerConfig, params: dict):
+    """``transformers.BertModel`` (no pooler, eager attention, ``cfg.dtype``) holding canonical ``params``.
+
+    Raises:
+        ImportError: ``transformers`` is not installed.
+        ValueError: the peer's parameter names differ from those ``params`` maps to.
+    """
+    import torch
+    from transformers import BertConfig, BertModel
+
+    with torch.random.fork_rng(devices=[]):
+        model = BertModel(BertConfig(**hf_config_dict(cfg), attn_implementation="eager"), add_pooling_layer=False)
+        state = {k: torch.from_numpy(v) for k, v in canonical_to_hf(cfg, params).items()}
+        model.load_state_dict(state, strict=False)
+        expected = set(model.state_dict()) - {"embeddings.position_ids", "embeddings.token_type_ids"}
+        if set(state) != expected:
+            raise ValueError(f"peer keys differ: only ours {sorted(set(state) - expected)}, "
+                             f"only the peer's {sorted(expected - set(state))}")
+    return model.to(getattr(torch, cfg.dtype))
+
+
 def hf_bert_hidden(cfg: TransformerConfig, params: dict, tokens: np.ndarray, checkpoint_dir: Optional[Path] = None) -> np.ndarray:
     """``transformers.BertModel`` last hidden state (B, T, D) of ``tokens`` (B, T), eval mode, in ``cfg.dtype``.
 
@@ -56,21 +81,15 @@ def hf_bert_hidden(cfg: TransformerConfig, params: dict, tokens: np.ndarray, che
         ImportError: ``transformers`` is not installed.
     """
     import torch
-    from transformers import BertConfig, BertModel
+    from transformers import BertModel
 
-    dtype = getattr(torch, cfg.dtype)
-    with torch.random.fork_rng(devices=[]):
-        if checkpoint_dir is not None:
+    if checkpoint_dir is not None:
+        with torch.random.fork_rng(devices=[]):
             model = BertModel.from_pretrained(str(checkpoint_dir), attn_implementation="eager")
-        else:
-            model = BertModel(BertConfig(**hf_config_dict(cfg), attn_implementation="eager"), add_pooling_layer=False)
-            state = {k: torch.from_numpy(v) for k, v in canonical_to_hf(cfg, params).items()}
-            model.load_state_dict(state, strict=False)
-            expected = set(model.state_dict()) - {"embeddings.position_ids", "embeddings.token_type_ids"}
-            if set(state) != expected:
-                raise ValueError(f"peer keys differ: only ours {sorted(set(state) - expected)}, "
-                                 f"only the peer's {sorted(expected - set(state))}")
-    model = model.to(dtype).eval()
+        model = model.to(getattr(torch, cfg.dtype))
+    else:
+        model = hf_bert_model(cfg, params)
+    model = model.eval()
     ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=(ids != cfg.pad_token_id).long(),
@@ -120,3 +139,4 @@ def peer_checks(cfg: TransformerConfig, params: dict, tokens: np.ndarray,
                     "ok": err <= tol, "note": f"last hidden state at real tokens (padded: {_rel(mine, ours, ~real):.1e}), "
                     "same weights and tokens"})
     return out
+

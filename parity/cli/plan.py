@@ -26,11 +26,13 @@ import dataclasses
 import re
 
 from rich.console import Console
+from rich.text import Text
 
 from jaxremat.models import get_model
 from jaxremat.spec.planner import parse_budget
 
 from parity.cases.suite import SuiteConfig, run_suite
+from parity.checks.timing import MEASURE_COMMAND
 from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.cli.budget import check_fits, run_estimate
@@ -42,7 +44,7 @@ from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.report.environment import environment_info
 from parity.report.files import atomic_write, json_text
-from parity.report.format import fmt_bit, fmt_bytes, fmt_ratio, md_table
+from parity.report.format import fmt_bit, fmt_bytes, fmt_ratio, fmt_time_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
 from parity.report.terminal import fitted_table, terminal_console
 from parity.report.suite_report import markdown as suite_markdown
@@ -187,6 +189,9 @@ COLUMNS = ("framework", "budget", "budget bytes", "who", "plan", "status", "grad
            "peak act", "within", "recompute FLOPs", "time/none", "tries")
 
 
+TIME_NOTE = f"step times here are a few steps, not interleaved; measure the overhead with `{MEASURE_COMMAND}`"
+
+
 def table_rows(rows: list[dict]) -> list[list[str]]:
     out = []
     for r in rows:
@@ -197,7 +202,8 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
             out.append([r["framework"], r["budget"], fmt_bytes(r["budget_bytes"]), who,
                         c["plan"] or _short_error(c["error"]), c["status"], fmt_bit(c["grads_bitwise_equal"]),
                         fmt_bytes(c["predicted_peak_activation_bytes"]), fmt_bytes(c["peak_activation_bytes"]),
-                        fmt_bit(c["within_budget"]), _mflop(c["recompute_flops"]), fmt_ratio(c["time_overhead"]),
+                        fmt_bit(c["within_budget"]), _mflop(c["recompute_flops"]),
+                        fmt_time_ratio(c["time_overhead"], c.get("time_overhead_range")),
                         str(c["attempts"])])
     return out
 
@@ -231,7 +237,8 @@ def markdown(report: dict) -> str:
              "bytes). `planner`: the least-recompute plan of the planner's space predicted to fit, run and measured "
              "(re-planned with the target lowered by the overshoot when the measurement exceeds the budget: "
              "`tries`); `uniform`: the uniform plan of least recompute predicted to fit, measured the same way. "
-             "Recompute FLOPs are the menu's (XLA's cost analysis in JAX, FlopCounterMode in PyTorch).", "",
+             "Recompute FLOPs are the menu's (XLA's cost analysis in JAX, FlopCounterMode in PyTorch). "
+             f"`time/none` is `noise` where its range is wider than its distance from 1 ({TIME_NOTE}).", "",
              md_table(COLUMNS, table_rows(report["plan_rows"]))]
     if report.get("compiled"):
         parts += ["", "## torch.compile with activation_memory_budget (PyTorch's own compiler-assisted remat)", "",
@@ -259,6 +266,8 @@ def print_summary(report: dict, console: Console, wide: bool = False) -> None:
     console.print(fitted_table(f"remat plans for a budget: {report['model']}", [COLUMNS[i] for i in keep],
                                ([row[i] for i in keep] for row in rows), left=[True, True, True, True, True],
                                styles=[None if row[status] == "pass" else "red" for row in rows]))
+    if any(row[COLUMNS.index("time/none")].startswith("noise") for row in rows):
+        console.print(Text(f"time/none: noise where its range is wider than its distance from 1; {TIME_NOTE}"))
     if report.get("compiled"):
         console.print(fitted_table("torch.compile, activation_memory_budget", COMPILED_COLUMNS,
                                    compiled_rows(report["compiled"]), left=[True, True]))

@@ -23,7 +23,7 @@ from parity.cli.command import checked, claimed, make_console
 from parity.cli.util import ascii_int
 from parity.report.environment import environment_info
 from parity.report.files import atomic_write, json_text
-from parity.report.format import fmt_bytes, fmt_range, fmt_ratio, md_table
+from parity.report.format import fmt_bytes, fmt_range, fmt_ratio, fmt_time_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
 from parity.runners.framework import FRAMEWORK_NAMES
 
@@ -99,7 +99,8 @@ def _case_row(c: dict) -> list[str]:
         return head + [f"error: {c['error']}"] + [""] * (len(SWEEP_COLUMNS) - 4)
     return head + [fmt_bytes(c["saved_bytes"]), fmt_bytes(c["predicted_saved_bytes"]), _pct(c["saved_gap"]),
                    fmt_bytes(c["peak_activation_bytes"]), fmt_bytes(c["predicted_peak_activation_bytes"]),
-                   _pct(c["peak_gap"]), fmt_ratio(c.get("time_overhead")), fmt_range(c.get("time_overhead_range")),
+                   _pct(c["peak_gap"]), fmt_time_ratio(c.get("time_overhead"), c.get("time_overhead_range"), with_range=False),
+                   fmt_range(c.get("time_overhead_range")),
                    c["peak_activation_source"], "; ".join(c["flags"]) or "-"]
 
 

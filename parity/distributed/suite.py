@@ -28,47 +28,6 @@ from parity.report.suite_report import SCHEMA_VERSION, SUITE_MARKER
 from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, get_framework, loss_term_scale
 from parity.runners.result import RunResult
 
-TORCH_WORKER = "parity.distributed.torch_worker"
-TORCH_WORLD_SIZE = 2
-
-
-class WorkerError(RuntimeError):
-    """A worker process failed; the message holds its last stderr line."""
-
-
-def run_jax_worker(model: str, devices: int, meshes: tuple[str, ...], plans: tuple[str, ...], out_dir: Path,
-                   seed: int = 0, processes: int = 1) -> dict:
-    """Run the JAX worker in a fresh process and return its ``jax_rows.json`` object.
-
-    ``processes`` > 1 also runs each mesh spread over that many processes (the worker's ``--processes``).
-
-    Raises:
-        ValueError: the worker refused its input (exit 2: a mesh that does not divide the devices or the model).
-        WorkerError: the worker failed otherwise.
-    """
-    cmd = [sys.executable, "-m", "parity.distributed.jax_worker", "--devices", str(devices), "--model", model,
-           "--meshes", ";".join(meshes), "--schedules", ",".join(plans), "--seed", str(seed), "--processes", str(processes),
-           "--out", str(out_dir)]
-    # the worker dies with this process (jax_multiprocess.die_with_parent), and its own processes with it
-    env = dict(os.environ, PARITY_LAUNCHER_PID=str(os.getpid()))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    last = (proc.stderr.strip().splitlines() or [""])[-1]
-    if proc.returncode == 2:
-        raise ValueError(last)
-    if proc.returncode != 0:
-        raise WorkerError(f"JAX worker exited {proc.returncode}: {last}")
-    return json.loads((out_dir / ROWS_FILE).read_text())
-
-
-def torch_worker():
-    """The PyTorch worker module, or None with the reason when it cannot be imported."""
-    try:
-        return importlib.import_module(TORCH_WORKER), None
-    except ImportError as exc:
-        return None, (f"PyTorch distributed half not run: {TORCH_WORKER} cannot be imported ({exc}); the JAX "
-                      "meshes ran alone")
-
-
 def _cross(a_rows: list[dict], b_rows: list[dict], cfg, params, tokens) -> list[dict]:
     """One cross-framework row per ``none`` row of the second framework (PyTorch): against the first's (JAX)
     ``none`` of the same layout, else of the data-parallel one, by :func:`parity.checks.compare.cross_row`."""

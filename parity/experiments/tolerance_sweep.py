@@ -1,7 +1,7 @@
 """Cross-framework errors over instruction sets, kernels and thread counts: what the tolerances rest on.
 
 ``python -m parity.experiments.tolerance_sweep`` runs the cross-framework comparison of the quick suite's model
-(gpt-small: float32, float64 and bfloat16 compute) and of minilm-l6 (float32) once per
+(gpt-small: float32, float64 and bfloat16 compute) and of minilm-l6-short (float32, B=8, T=16) once per
 :class:`Setting`, each in a fresh process (:mod:`parity.experiments.tolerance_worker`) started with that
 setting's environment and CPU affinity, and writes every number (``sweep.json``) and the
 distribution per model, dtype and quantity with each tolerance's margin (``sweep.md``) into
@@ -42,7 +42,7 @@ ATEN_CAPABILITIES = ("default", "avx2", "avx512")
 _CPU_FLAG = {"SSE4_2": "sse4_2", "AVX": "avx", "AVX2": "avx2", "AVX512": "avx512f",
              "default": None, "avx2": "avx2", "avx512": "avx512f"}
 RUNS = {"gpt-small": {"float32": ("none", "sqrt"), "float64": ("none",), "bfloat16": ("none",)},
-        "minilm-l6": {"float32": ("none", "sqrt", "every_k(2)")}}
+        "minilm-l6-short": {"float32": ("none", "sqrt", "every_k(2)")}}
 """Models of the sweep: the variants (:data:`parity.experiments.tolerance_worker.VARIANTS`) and schedules each runs.
 The cross-framework error does not depend on the schedule (each schedule is bitwise ``none`` inside
 each framework, which the sweep checks); the remat schedules are there for that check."""

@@ -34,6 +34,9 @@ class ModelPreset:
         hparams: optimizer of the trained-weights check (None: :class:`AdamWConfig` defaults).
         eager_dropouts: dropout rates at which JAX also runs op by op (None: every rate).
         repeats: the preset's default ``--repeats`` (None: 5).
+        texts: for a BERT checkpoint, the bundled pairs its batches are cut from: ``"sentences"``
+            (:func:`parity.inputs.sentences.sentence_batch`, 9-16 tokens a text) or ``"passages"``
+            (:func:`parity.inputs.sentences.passage_batch`, 114-145 tokens a text, for T = 128).
     """
 
     name: str
@@ -47,6 +50,11 @@ class ModelPreset:
     hparams: Optional[AdamWConfig] = None
     eager_dropouts: Optional[tuple[float, ...]] = None
     repeats: Optional[int] = None
+    texts: str = "sentences"
+
+    def __post_init__(self):
+        if self.texts not in ("sentences", "passages"):
+            raise ValueError(f"preset {self.name!r}: texts must be 'sentences' or 'passages', got {self.texts!r}")
 
 
 def with_shape(preset: ModelPreset, batch_size: int | None = None, seq_len: int | None = None) -> ModelPreset:

@@ -9,8 +9,9 @@ from parity.inputs.corpus import BYTE_VOCAB_SIZE
 from parity.inputs.model_preset import ModelPreset
 from parity.inputs.pretrained import FINE_TUNE, MINILM_INSTALL, minilm_dir
 
-
-
+_MINILM = TransformerConfig(arch="bert", vocab_size=30522, n_layer=6, d_model=384, n_head=12, d_ff=1536,
+                            max_seq_len=512, layer_norm_eps=1e-12, dropout=0.0)
+"""all-MiniLM-L6-v2's configuration (its config.json; the checkpoint's dropout 0.1 is a preset's dropouts)."""
 
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
@@ -31,15 +32,28 @@ PRESETS: dict[str, ModelPreset] = {
         ),
         ModelPreset(
             "minilm-l6",
-            TransformerConfig(arch="bert", vocab_size=30522, n_layer=6, d_model=384, n_head=12, d_ff=1536,
-                              max_seq_len=512, layer_norm_eps=1e-12, dropout=0.0),
+            _MINILM,
+            batch_size=8,
+            seq_len=128,
+            description="all-MiniLM-L6-v2 pretrained (BERT encoder, 6 layers, d_model 384, 12 heads), contrastive "
+            f"fine-tuning on 4 passage pairs, B=8, T=128, dropout 0 and 0.1 (needs: {MINILM_INSTALL})",
+            checkpoint=minilm_dir,
+            schedules=("none", "full", "every_k(2)", "sqrt"),  # segments(3) and others: --schedules
+            dropouts=(0.0, 0.1),
+            hparams=FINE_TUNE,
+            eager_dropouts=(),  # op by op a step costs tens of seconds here: jit and torch run both rates
+            repeats=2,
+            texts="passages",
+        ),
+        ModelPreset(
+            "minilm-l6-short",
+            _MINILM,
             batch_size=8,
             seq_len=16,
-            description="all-MiniLM-L6-v2 pretrained (BERT encoder, 6 layers, d_model 384, 12 heads), contrastive "
-            f"fine-tuning on 4 sentence pairs, T=16, dropout 0 and 0.1 (needs: {MINILM_INSTALL})",
+            description="all-MiniLM-L6-v2 at a short shape: 4 sentence pairs, B=8, T=16, dropout 0 and 0.1; "
+            "activations are too small for remat to lower PyTorch's peak (for quick checks; docs/finetune.md)",
             checkpoint=minilm_dir,
-            # full is left out to keep the run short (--schedules full runs it; bitwise under jit too)
-            schedules=("none", "every_k(2)", "sqrt"),  # segments(3) and others: --schedules
+            schedules=("none", "every_k(2)", "sqrt"),
             dropouts=(0.0, 0.1),
             hparams=FINE_TUNE,
             eager_dropouts=(0.0,),  # op by op a step costs seconds here; jit and torch run both rates

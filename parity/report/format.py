@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from parity.checks.timing import RatioSpread
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -36,6 +38,20 @@ def fmt_ratio(x, fmt: str = "{:.2f}") -> str:
 def fmt_range(r) -> str:
     """A ``[low, high]`` ratio range as ``"0.95-1.06"``; ``"-"`` for None or empty."""
     return "-" if not r else f"{r[0]:.2f}-{r[1]:.2f}"
+
+
+def fmt_time_ratio(ratio, rng, with_range: bool = True) -> str:
+    """A step-time ratio to ``none`` beside its ``[low, high]`` range: ``"1.27 [1.21-1.35]"``, or
+    ``"noise (1.03 [0.91-1.20])"`` when the range is wider than the ratio's distance from 1
+    (:attr:`parity.checks.timing.RatioSpread.noise`; no range counts as noise). ``with_range=False``
+    gives ``"1.27"`` or ``"noise"`` (for a table with its own range column); ``"-"`` for None."""
+    if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
+        return "-"
+    spread = RatioSpread(float(ratio), *(map(float, rng) if rng else (ratio, ratio)), 2 if rng else 1)
+    if not with_range:
+        return "noise" if spread.noise else f"{ratio:.2f}"
+    core = f"{ratio:.2f}" + (f" [{rng[0]:.2f}-{rng[1]:.2f}]" if rng else "")
+    return f"noise ({core})" if spread.noise else core
 
 
 def fmt_gap(g, limit: float) -> str:

@@ -24,12 +24,13 @@ from jaxremat.models import get_model, registered_models
 
 from parity.checks.predictions import GAP_LIMIT
 from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
-from parity.report.format import fmt_bit, fmt_bytes, fmt_gap, fmt_range, fmt_ratio, md_table
+from parity.report.format import fmt_bit, fmt_bytes, fmt_gap, fmt_range, fmt_ratio, fmt_time_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
 from parity.report.terminal import fitted_table, terminal_console
 
 from parity.checks.verdict import report_passed
 from parity.report import distributed_report
+from parity.report.peer_report import peer_step_markdown, print_peer_steps
 
 REPORT_FILES = ("report.json", "report.md", HTML_NAME)
 
@@ -226,8 +227,14 @@ def _bitwise(c: dict) -> str:
 
 
 def _time(c: dict) -> str:
+    """Step time over ``none``'s with its range; ``noise (...)`` where the range is wider than the distance from 1
+    (:func:`parity.report.format.fmt_time_ratio`); ``none``'s own row shows its range only."""
     t, r = c.get("time_overhead"), c.get("time_overhead_range")
-    return "-" if t is None else f"{t:.2f}" + (f" ({fmt_range(r)})" if r else "")
+    if t is None:
+        return "-"
+    if c.get("plan") == "none":
+        return f"{t:.2f}" + (f" [{r[0]:.2f}-{r[1]:.2f}]" if r else "")
+    return fmt_time_ratio(t, r)
 
 
 TERMINAL_COLUMNS: tuple[Column, ...] = (
@@ -237,7 +244,7 @@ TERMINAL_COLUMNS: tuple[Column, ...] = (
     Column("status", "status", left=True),
     Column("bitwise", _bitwise),
     Column("act/none", "saving", _saving),
-    Column("time/none (range)", _time),
+    Column("time/none [range]", _time),
 )
 """The terminal's case table (``--wide``: :data:`CASE_COLUMNS`): framework, mode, plan, status, gradients and
 weights bitwise, measured peak activation over ``none``'s, step time over ``none``'s with its range."""
@@ -353,6 +360,7 @@ def print_tables(report: dict, console: Console | None = None, wide: bool = Fals
         console.print(fitted_table("Hidden states against a peer (same weights and tokens, dropout off)", PEER_COLUMNS,
                                    map(peer_row, report["peer"]), left=[True, True],
                                    styles=["red" if r["ok"] is False else None for r in report["peer"]]))
+    print_peer_steps(report, console)
     if report["cross_framework"]:
         console.print(fitted_table("JAX vs PyTorch (same weights and tokens)", CROSS_COLUMNS,
                                    map(cross_row, report["cross_framework"]), left=[True, True],
@@ -405,6 +413,7 @@ def markdown(report: dict) -> str:
         parts += distributed_report.markdown_sections(report)
     if report.get("peer"):
         parts += ["## Hidden states against a peer", "", md_table(PEER_COLUMNS, [peer_row(x) for x in report["peer"]]), ""]
+    parts += peer_step_markdown(report)
     if report["cross_framework"]:
         parts += ["## JAX vs PyTorch", "", md_table(CROSS_COLUMNS, [cross_row(x) for x in report["cross_framework"]]), ""]
         seen = {}

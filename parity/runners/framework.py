@@ -277,3 +277,10 @@ class Framework(Protocol):
         """The encoder family's last hidden state ``(B, T, D)`` of ``(B, T)`` ids, dropout off, in ``cfg.dtype``
         (the peer checks, :mod:`parity.checks.peer`)."""
 
+    def peer_step_rows(self, cfg: "TransformerConfig", params: Mapping[str, np.ndarray], tokens: np.ndarray,
+                       repeats: int) -> list[dict]:
+        """A training step of a peer library's own checkpointing beside this framework's ``full`` on the same
+        weights and ``(B, T)`` batch: peak and step-time ratios with their spread, loss and gradients against
+        the tolerances (PyTorch: :func:`parity.runners.torch_peer.hf_checkpointing_peer`); ``[]`` where the
+        framework has no such peer or the architecture is not the peer's."""
+

@@ -211,6 +211,10 @@ class JaxFramework:
             run = jax.jit(lambda p, t: encode(p, t, cfg))
             return np.asarray(run({k: jnp.asarray(v) for k, v in params.items()}, jnp.asarray(tokens, jnp.int32)))
 
+    def peer_step_rows(self, cfg: TransformerConfig, params, tokens, repeats: int) -> list[dict]:
+        """``[]``: the peer library with its own checkpointing (Hugging Face ``BertModel``) is PyTorch's."""
+        return []
+
     def run_distributed(self, preset, work_dir, *, devices: int, meshes: tuple[str, ...], plans: tuple[str, ...],
                         seed: int, processes: int, hparams=None) -> list[dict]:
         """The JAX meshes ``meshes`` over ``devices`` devices (simulated host devices on CPU), in the worker

@@ -26,7 +26,7 @@ from torchref.planner import DEFAULT_MENU, model_chain
 from torchref.render import model_loss
 
 from parity.distributed.launch import run_torch_ranks
-from parity.runners import torch_estimate, torch_runner, torch_stress, torch_train
+from parity.runners import torch_estimate, torch_peer, torch_runner, torch_stress, torch_train
 from parity.runners.framework import FRAMEWORKS, RunOptions
 from parity.runners.result import RunResult, TrainRun, kept_and_offloaded, memory_fields, timed
 from parity.runners.torch_loss_terms import loss_term_scale
@@ -222,6 +222,11 @@ class TorchFramework:
         model = Encoder.from_params(cfg, params).eval()
         with torch.no_grad():
             return model(torch.from_numpy(np.asarray(tokens, dtype=np.int64))).numpy()
+
+    def peer_step_rows(self, cfg: TransformerConfig, params, tokens, repeats: int) -> list[dict]:
+        """:func:`parity.runners.torch_peer.peer_step_rows`: Hugging Face ``BertModel`` with
+        ``gradient_checkpointing_enable()`` (non-reentrant) beside torchref's encoder under ``full``."""
+        return torch_peer.peer_step_rows(cfg, params, tokens, repeats=repeats)
 
     def run_distributed(self, preset, work_dir, *, devices: int, meshes: tuple[str, ...], plans: tuple[str, ...],
                         seed: int, processes: int, hparams=None) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The README's JAX examples run as printed (the Flax one is examples/flax_nnx_remat.py)."""
+"""The README's JAX examples (and those of docs/usage.md and docs/real-sizes.md) run as printed."""
 
 import os
 import pathlib
@@ -11,9 +11,9 @@ import jax
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def readme_block(heading: str) -> str:
-    """The first ```python block under ``## heading`` in README.md."""
-    text = (ROOT / "README.md").read_text()
+def readme_block(heading: str, doc: str = "README.md") -> str:
+    """The first ```python block under ``## heading`` in README.md (or ``doc``, a path under the repository)."""
+    text = (ROOT / doc).read_text()
     section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
@@ -27,8 +27,8 @@ def test_readme_flax_example_is_the_example_file_and_prints_true():
     assert out.stdout.strip() == "True", out.stdout + out.stderr
 
 
-def test_readme_survival_check_example_prints_true_true_none():
-    section = (ROOT / "README.md").read_text().split("## Using the schedules in your own JAX code\n", 1)[1]
+def test_usage_survival_check_example_prints_true_true_none():
+    section = (ROOT / "docs" / "usage.md").read_text().split("## JAX: `remat_scan`\n", 1)[1]
     section = section.split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     code = next(b for b in blocks if "survival_check" in b)
@@ -65,8 +65,8 @@ def test_expert_budget_example_in_docs_prints_its_plan_and_true_true_true():
     assert lines[0].startswith("plan(") and lines[1:] == ["True", "True", "True"], out.stdout + out.stderr
 
 
-def test_readme_sharding_example_prints_sharded_gradients_and_true():
-    code = readme_block("Past one device: remat with sharding")
+def test_usage_sharding_example_prints_sharded_gradients_and_true():
+    code = readme_block("Past one device", "docs/usage.md")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(env, PYTHONPATH=str(ROOT)))
@@ -74,8 +74,8 @@ def test_readme_sharding_example_prints_sharded_gradients_and_true():
     assert out.stdout.strip() == "P(None, 'fsdp') True", out.stdout + out.stderr
 
 
-def test_readme_estimate_example_is_the_example_file_and_prints_four_plans_in_order_of_peak():
-    code = readme_block("Estimate a model that does not fit here")
+def test_estimate_example_is_the_example_file_and_prints_four_plans_in_order_of_peak():
+    code = readme_block("In your own JAX code", "docs/real-sizes.md")
     assert code == (ROOT / "examples" / "estimate_24_layers.py").read_text() and len(code.splitlines()) <= 15
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -84,13 +84,13 @@ def test_readme_estimate_example_is_the_example_file_and_prints_four_plans_in_or
     assert [r[0] for r in rows] == ["none", "every_k(2)", "sqrt", "full"], out.stdout
     peak = {r[0]: float(r[2]) for r in rows}
     assert peak["none"] > peak["sqrt"] > peak["every_k(2)"] > peak["full"] > 12.0  # 12 GiB: parameters and gradients
-    printed = (ROOT / "README.md").read_text().split(code, 1)[1].split("```\n", 3)[2]
-    if jax.default_backend() == "cpu":  # the README prints XLA:CPU's figures
-        assert printed == out.stdout, "README's printed output is stale"
+    printed = (ROOT / "docs" / "real-sizes.md").read_text().split(code, 1)[1].split("```\n", 3)[2]
+    if jax.default_backend() == "cpu":  # the page prints XLA:CPU's figures
+        assert printed == out.stdout, "docs/real-sizes.md's printed output is stale"
 
 
-def test_readme_doctor_example_is_the_example_file_and_prints_what_the_readme_shows():
-    section = (ROOT / "README.md").read_text().split("## Check your own step: the remat doctor\n", 1)[1]
+def test_doctor_example_is_the_example_file_and_prints_what_the_doc_shows():
+    section = (ROOT / "docs" / "doctor.md").read_text().split("## Check your own step: the remat doctor\n", 1)[1]
     section = section.split("\n## ", 1)[0]
     code, printed = re.search(r"```python\n(.*?)```\n.*?```\n(.*?)```", section, re.S).groups()
     assert code == (ROOT / "examples" / "doctor_flax.py").read_text()

@@ -100,3 +100,4 @@ def test_real_minilm_matches_transformers():
     tokens = sentence_batch(load_tokenizer(path), 4, 16)
     checks = peer_checks(cfg, params, tokens, path)
     assert all(c["ok"] is True for c in checks), checks
+

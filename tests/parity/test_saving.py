@@ -45,7 +45,7 @@ def test_promised_but_not_realized_is_no_saving_with_a_cause():
 
 
 def test_torch_peak_without_live_activations_is_named():
-    # minilm-l6 in PyTorch: the step peaks at the word embedding's dense gradient, after the blocks' backward
+    # minilm-l6-short (B=8, T=16) in PyTorch: the step peaks at the word embedding's dense gradient, after the blocks' backward
     def at_peak(saved):
         res = _res(saved, 10_000, 8000)
         breakdown = {"PARAM": 1000, "GRAD": 500, "ACT": 8, "TEMP": 8000, "OPT": 2000}

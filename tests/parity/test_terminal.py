@@ -53,8 +53,8 @@ def test_run_prints_the_verdict_first_then_the_compact_columns(monkeypatch):
     assert lines[0].startswith("Verdict: ")
     head = next(x for x in lines if x.split()[:2] == ["fw", "mode"])
     assert [c.header for c in TERMINAL_COLUMNS] == ["fw", "mode", "plan", "status", "bitwise", "act/none",
-                                                    "time/none (range)"]
-    assert "time/none (range)" in head and "saved pred" not in head
+                                                    "time/none [range]"]
+    assert "time/none [range]" in head and "saved pred" not in head
     assert sum(x.split()[:1] == ["jax"] or x.split()[:1] == ["torch"] for x in lines) >= len(RUN["cases"])
 
 
