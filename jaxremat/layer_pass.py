@@ -31,6 +31,7 @@ Source: ``jax.checkpoint`` policies and ``partial_eval_jaxpr_custom`` (``jax/_sr
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Callable
 
 import jax
@@ -42,8 +43,8 @@ from jax._src import core as jcore
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core.primitives import remat_p
 
-__all__ = ["LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild", "take",
-           "tie"]
+__all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild",
+           "runs_once", "take", "tie"]
 
 _tree = jax.tree_util
 
@@ -94,31 +95,106 @@ def predicate(tree):
     return jnp.real(entries[0]).astype(jnp.float32) if entries else jnp.float32(0.0)
 
 
-def isolate(fn: Callable, operand, pred_value):
+def _pred(pred_value):
+    """``(bits(pred_value) >> 31) <= 0``: True for every value, unknown to XLA before run time."""
+    return (lax.bitcast_convert_type(jnp.asarray(pred_value, jnp.float32), jnp.int32) >> 31) <= 0
+
+
+def _zeros_like_avals(out_avals, out_tree):
+    leaves = [jnp.zeros(a.shape, a.dtype) for a in out_avals]
+    leaves = [z if a.memory_space == jcore.MemorySpace.Device else jax.device_put(z, a.memory_space)
+              for z, a in zip(leaves, out_avals)]
+    return _tree.tree_unflatten(out_tree, leaves)
+
+
+def _numeric(avals) -> bool:
+    return all(jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_ for a in avals)
+
+
+def isolate(fn: Callable, operand, pred_value, buffers=None):
     """``fn(operand)`` as an XLA computation of its own: a ``lax.cond`` branch XLA cannot inline.
 
     XLA compiles a branch as a program fused among its own ops. The predicate,
     ``(bits(pred_value) >> 31) <= 0`` (:func:`predicate`; an arithmetic shift of an int32 gives 0 or
     -1), is True for every value, but XLA does not know it before run time, so the conditional
-    stays; the other branch returns zeros and never runs. (A loop of trip count one would not do:
-    XLA's while-loop simplifier removes it.) Outputs of a non-numeric dtype (PRNG keys) get ``fn``
-    in both branches instead. Op by op (``jax.disable_jit()``) nothing is fused and ``fn`` runs as
-    it is.
+    stays; the other branch returns zeros and never runs. Outputs of a non-numeric dtype (PRNG
+    keys) get ``fn`` in both branches instead. Op by op (``jax.disable_jit()``) nothing is fused and
+    ``fn`` runs as it is.
+
+    With ``buffers`` (large arrays the computation updates in place, such as a stack of residuals
+    it writes one slot of), ``fn(operand, buffers)`` returns ``(out, buffers)`` and the computation
+    is the body of a ``lax.while_loop`` that runs once (:func:`_loop_once`): a loop's state is
+    updated in place, where a conditional's outputs are new buffers and XLA copies every buffer
+    the branch updates whole.
     """
     if jax.config.jax_disable_jit:
-        return fn(operand)
-    pred = (lax.bitcast_convert_type(jnp.asarray(pred_value, jnp.float32), jnp.int32) >> 31) <= 0
+        return fn(operand) if buffers is None else fn(operand, buffers)
+    if buffers is not None:
+        return _loop_once(fn, operand, buffers, pred_value)
+    pred = _pred(pred_value)
     closed, shapes = jax.make_jaxpr(fn, return_shape=True)(operand)
     out_avals, out_tree = closed.out_avals, jax.tree_util.tree_structure(shapes)
-    if not all(jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_ for a in out_avals):
+    if not _numeric(out_avals):
         return lax.cond(pred, fn, fn, operand)
+    return lax.cond(pred, fn, lambda _: _zeros_like_avals(out_avals, out_tree), operand)
 
-    def zeros(_):
-        leaves = [jnp.zeros(a.shape, a.dtype) for a in out_avals]
-        leaves = [z if a.memory_space == jcore.MemorySpace.Device else jax.device_put(z, a.memory_space)
-                  for z, a in zip(leaves, out_avals)]
-        return jax.tree_util.tree_unflatten(out_tree, leaves)
-    return lax.cond(pred, fn, zeros, operand)
+
+ONCE_SCOPE = "jaxremat_isolated_once"
+"""The ``jax.named_scope`` of :func:`_loop_once`'s ``while`` equation (:func:`runs_once` reads it)."""
+
+
+def runs_once(eqn) -> bool:
+    """Whether a jaxpr equation is the loop of :func:`isolate` with ``buffers``, which runs once.
+
+    Read from the equation's name stack (innermost scope :data:`ONCE_SCOPE`, under any
+    transformation), so that program walkers can count its body once where the trip count of a
+    ``while`` loop is not known from the program.
+    """
+    return eqn.primitive.name == "while" and re.search(
+        rf"(^|[/(]){ONCE_SCOPE}\)*$", str(eqn.source_info.name_stack)) is not None
+
+
+def _loop_once(fn: Callable, operand, buffers, pred_value):
+    """``fn(operand, buffers)`` as the body of a ``lax.while_loop`` of trip count one, unknown to XLA.
+
+    The loop runs while its counter is below ``int(pred)`` (:func:`_pred`: 1 at run time, which XLA
+    cannot prove, so its while-loop simplifier keeps the loop). Its state is ``operand`` (passed
+    through unchanged: no copy), ``buffers`` (updated in place), the outputs (zeros at entry) and
+    the counter. The body reads ``operand`` through ``lax.optimization_barrier`` together with the
+    counter, so XLA's loop-invariant code motion cannot hoist the computation out of the loop (where
+    it would be fused with what surrounds it).
+
+    JAX has no reverse mode for a ``while`` loop: differentiated (second order through the reverse
+    segment loop), the computation is the ``lax.cond`` of :func:`isolate` instead (a
+    ``jax.custom_jvp``), which the cost of a copy of ``buffers`` does not matter to.
+    """
+    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(operand, buffers)
+    out_tree = jax.tree_util.tree_structure(shapes[0])
+    out_avals = closed.out_avals[:out_tree.num_leaves]
+    pred = _pred(pred_value)
+    if not _numeric(out_avals):
+        return lax.cond(pred, fn, fn, operand, buffers)
+
+    def body(state):
+        op, bufs, _, n, bound = state
+        op_read, n_read = lax.optimization_barrier((op, n))
+        out, bufs = fn(op_read, bufs)
+        return op, bufs, out, n_read + 1, bound
+
+    @jax.custom_jvp
+    def once(operand, buffers, pred):
+        init = (operand, buffers, _zeros_like_avals(out_avals, out_tree), jnp.int32(0), pred.astype(jnp.int32))
+        with jax.named_scope(ONCE_SCOPE):
+            _, bufs, out, _, _ = lax.while_loop(lambda st: st[3] < st[4], body, init)
+        return out, bufs
+
+    @once.defjvp
+    def once_jvp(primals, tangents):
+        operand, buffers, pred = primals
+        zeros = lambda o, b: (_zeros_like_avals(out_avals, out_tree), b)  # noqa: E731
+        return jax.jvp(lambda o, b: lax.cond(pred, fn, zeros, o, b), primals[:2], tangents[:2])
+
+    return once(operand, buffers, pred)
 
 
 def differentiated_policy(fn: Callable, params, carry, xs, consts, policy: Callable) -> Callable:
@@ -375,17 +451,22 @@ class LayerProgram:
         """Layer ``i`` from carry ``c``: ``(carry, y, kept, saved)``; ``saved`` is [] without a policy.
 
         With ``stacks`` (:meth:`stacks`), the residuals are written into their slot ``j`` inside the
-        computation and the updated stacks are returned in the place of ``kept`` (written outside,
-        the computation's outputs would be a second copy of one layer's residuals). ``live``
-        (:func:`alive`) is read by the predicate: the computation waits for it.
+        computation, which updates the stacks in place (:func:`isolate`'s ``buffers``), and the
+        updated stacks are returned in the place of ``kept`` (written outside, the computation's
+        outputs would be a second copy of one layer's residuals). ``live`` (:func:`alive`) is read by
+        the predicate: the computation waits for it.
         """
         jaxpr = self.jaxpr if self.policy is None else self.forward_jaxpr
 
-        def run(op):
-            *ins, stacks, j = op
-            out = _eval(jaxpr, [], self._inputs(*ins))
-            return (*self._stacked(out, stacks, j), list(out[self.n_out:]))
-        return isolate(run, (params, xs, consts, i, c, stacks, j), self._pred(live))
+        def run(op, stacks=None):
+            out = _eval(jaxpr, [], self._inputs(*op[:5]))
+            c_out, y, kept = self._stacked(out, stacks, op[5])
+            return (c_out, y, list(out[self.n_out:])), kept
+        if stacks is None:
+            (c_out, y, saved), kept = isolate(run, (params, xs, consts, i, c, j), self._pred(live))
+        else:
+            (c_out, y, saved), kept = isolate(run, (params, xs, consts, i, c, j), self._pred(live), stacks)
+        return c_out, y, kept, saved
 
     def recompute(self, params, xs, consts, i, c, saved: list, live=None, stacks=None, j=None):
         """Layer ``i`` again from carry ``c`` and what its forward pass saved: ``(carry, y, kept)``.
@@ -396,14 +477,18 @@ class LayerProgram:
         if self.policy is None:
             return self.forward(params, xs, consts, i, c, live, stacks, j)[:3]
 
-        def run(op):
-            *rest, saved, stacks, j = op
+        def run(op, stacks=None):
+            *rest, saved, j = op
             ins = [a for a, u in zip(self._inputs(*rest), self.recompute_inputs) if u]
             out = _eval(self.recompute_jaxpr, [], list(saved) + ins)
             if not self.carry_out:
                 out = [None] * self.n_cy + list(out)
-            return self._stacked(out, stacks, j)
-        return isolate(run, (params, xs, consts, i, c, saved, stacks, j), self._pred(live))
+            c_out, y, kept = self._stacked(out, stacks, j)
+            return (c_out, y), kept
+        op = (params, xs, consts, i, c, saved, j)
+        (c_out, y), kept = (isolate(run, op, self._pred(live)) if stacks is None
+                            else isolate(run, op, self._pred(live), stacks))
+        return c_out, y, kept
 
     def _pred(self, live):
         return self.pred if live is None else self.pred + live
