@@ -117,18 +117,11 @@ def _scan(step, carry, n: int):
     return c, _tree.tree_map(lambda a: a[None], ys)
 
 
-def _reverse(compute, accumulate, state, n: int):
-    """For i = n-1 .. 0: ``state = accumulate(state, compute(i, state[0]), i)``.
-
-    ``compute`` is pure and returns small values (one layer's or one segment's gradients); the
-    full-size gradient buffers in ``state`` are only touched by ``accumulate``, outside any cond,
-    so XLA updates them in place.
-    """
+def _reverse(step, state, n: int):
+    """For i = n-1 .. 0: ``state = step(state, i)``."""
     if n > 1:
-        body = lambda st, i: (accumulate(st, compute(i, st[0]), i), None)
-        return lax.scan(body, state, jnp.arange(n), reverse=True)[0]
-    i = _first_index()
-    return accumulate(state, compute(i, state[0]), i)
+        return lax.scan(lambda st, i: (step(st, i), None), state, jnp.arange(n), reverse=True)[0]
+    return step(state, _first_index())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,22 +208,30 @@ class _Stack:
             return self.fn(take(self.params, base + i), c, take(self.xs, base + i), self.consts)
         return _scan(step, c, length)
 
-    def layer_grads(self, i, res, j, ct_c: list, ct_y, live):
-        """Layer ``i``'s backward pass from its residuals ``res[j]`` (stacked), isolated: gradient slot lists.
+    def layer_grads(self, i, res, j, state, ct_y, live):
+        """Layer ``i``'s backward pass from its residuals ``res[j]`` (stacked), isolated: the new ``state``.
 
-        The stacked residuals are sliced inside (a slice taken outside would be a copy); the
-        predicate reads ``live``.
+        The stacked residuals are sliced inside (a slice taken outside would be a copy); layer
+        ``i``'s gradients are written into the gradient buffers of ``state`` inside too, which the
+        computation updates in place (:func:`jaxremat.layer_pass.isolate`'s ``buffers``; returned
+        as outputs, one layer's gradients would be a second buffer beside them). The predicate
+        reads ``live``.
         """
         prog = self.program()
+        ct_c, gp, gx, gk = state
 
-        def run(op):
+        def run(op, buffers):
             params, xs, consts, i, res, j, ct_c, ct_y = op
             p, x = take(params, i), take(xs, i)
             kept, meta = prog.residuals(params, xs, consts, i, take(res, j)), prog.meta
             dp, dc, dx, dk = rebuild(meta, kept, p, x, consts)((_cotangent(self.carry_template, ct_c), ct_y))
-            return (_ct_slots(dc, self.carry_template), _ct_slots(dp, self.params), _ct_slots(dx, self.xs),
-                    _ct_slots(dk, self.consts))
-        return isolate(run, (self.params, self.xs, self.consts, i, res, j, ct_c, ct_y), self.pred + live)
+            slots = (_ct_slots(dc, self.carry_template), _ct_slots(dp, self.params), _ct_slots(dx, self.xs),
+                     _ct_slots(dk, self.consts))
+            dc, gp, gx, gk = self._accumulate((None,) + tuple(buffers), slots, i)
+            return dc, (gp, gx, gk)
+        dc, (gp, gx, gk) = isolate(run, (self.params, self.xs, self.consts, i, res, j, ct_c, ct_y), self.pred + live,
+                                   (gp, gx, gk))
+        return dc, gp, gx, gk
 
     def _policies(self, segments, policies):
         return [self.policy] * len(segments) if policies is None else list(policies)
@@ -292,9 +293,7 @@ class _Stack:
 
     def _backward_layers(self, a, n: int, res, state, live):
         """Layers ``a + n - 1 .. a`` in reverse, from their stacked residuals ``res``."""
-        def compute(i, ct_c):
-            return self.layer_grads(a + i, res, i, ct_c, self._ct_y(a + i), live)
-        return _reverse(compute, lambda st, slots, i: self._accumulate(st, slots, a + i), state, n)
+        return _reverse(lambda st, i: self.layer_grads(a + i, res, i, st, self._ct_y(a + i), live), state, n)
 
     def backward(self, segments, base, residuals, state, live, policies=None):
         """Pull ``state`` back through ``segments`` (starts relative to ``base``) in reverse.
