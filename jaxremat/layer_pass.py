@@ -15,7 +15,11 @@ gradient with it (docs/framework-differences.md, section 2).
 So here a layer's forward pass is one XLA computation, a ``lax.cond`` branch (:func:`isolate`),
 called with the same operands and producing the same outputs wherever it runs: XLA fuses it
 among its own ops only, and the same program gives the same bits. Its outputs are all read
-(:func:`alive`), or XLA would drop the unused ones and compile a smaller branch.
+(:func:`alive`), or XLA would drop the unused ones and compile a smaller branch. A computation
+that updates large buffers (a layer writing its residuals into their stacks, a layer's backward
+pass writing its gradients) is instead the body of a ``lax.while_loop`` that runs once, with the
+buffers as loop state: XLA updates a loop's state in place, where it copies every buffer a
+branch updates whole.
 
 A checkpointed segment with a ``jax.checkpoint`` policy keeps, per layer, the values the policy
 saves. :class:`LayerProgram` splits the layer's forward program with JAX's own partial evaluation
@@ -25,7 +29,7 @@ saved values read instead of computed, and still produces every output (the carr
 the values that are recomputed see the same fusions as in ``none``.
 
 Source: ``jax.checkpoint`` policies and ``partial_eval_jaxpr_custom`` (``jax/_src/ad_checkpoint.py``,
-``jax/_src/interpreters/partial_eval.py``); ``jax.lax.cond``.
+``jax/_src/interpreters/partial_eval.py``); ``jax.lax.cond``, ``jax.lax.while_loop``.
 """
 
 from __future__ import annotations
