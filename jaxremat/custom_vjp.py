@@ -53,6 +53,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from .layer_pass import runs_once
 from .spec.lint import RematPolicyWarning
+from .tags import sub_jaxprs, tag_name
 
 __all__ = ["CUSTOM_VJP_RESIDUAL", "CUSTOM_VJP_RESIDUALS", "check_custom_vjp_residuals", "count_named_runs",
            "custom_vjp_policy", "save_custom_vjp_residuals", "tag_custom_vjp_residuals"]
@@ -105,7 +106,7 @@ def _tagged_fwd_thunk(thunk: lu.WrappedFun) -> lu.WrappedFun:
     return lu.wrap_init(tagged, debug_info=thunk.debug_info)
 
 
-def tag_custom_vjp_residuals(jaxpr: core.Jaxpr) -> tuple[core.Jaxpr, int]:
+def tag_custom_vjp_residuals(jaxpr: jax.extend.core.Jaxpr) -> tuple[jax.extend.core.Jaxpr, int]:
     """``jaxpr`` with every ``custom_vjp`` rule's ``fwd`` outputs named; and how many rules were found.
 
     Args:
@@ -134,12 +135,15 @@ def tag_custom_vjp_residuals(jaxpr: core.Jaxpr) -> tuple[core.Jaxpr, int]:
 
 
 def _tag_param(value: Any) -> tuple[Any, int]:
-    if isinstance(value, core.ClosedJaxpr):
+    # jax.extend.core names: JAX 0.12 merged ClosedJaxpr into Jaxpr (one class, consts attached; its
+    # ``.jaxpr`` is itself) and dropped ``jax._src.core.ClosedJaxpr``; JAX 0.10 has both classes.
+    jaxpr_types = (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)
+    if isinstance(value, jax.extend.core.ClosedJaxpr):
         new, n = tag_custom_vjp_residuals(value.jaxpr)
-        return (core.ClosedJaxpr(new, value.consts) if n else value), n
-    if isinstance(value, core.Jaxpr):
+        return (jax.extend.core.ClosedJaxpr(new, value.consts) if n else value), n
+    if isinstance(value, jax.extend.core.Jaxpr):
         return tag_custom_vjp_residuals(value)
-    if isinstance(value, tuple) and any(isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in value):
+    if isinstance(value, tuple) and any(isinstance(v, jaxpr_types) for v in value):
         pairs = [_tag_param(v) for v in value]
         n = sum(k for _, k in pairs)
         return (tuple(v for v, _ in pairs) if n else value), n
@@ -190,12 +194,12 @@ def count_named_runs(fn: Callable[..., Any], *args) -> dict[str, int]:
     return dict(_named_runs(jaxpr))
 
 
-def _named_runs(jaxpr: core.Jaxpr) -> collections.Counter:
+def _named_runs(jaxpr: jax.extend.core.Jaxpr) -> collections.Counter:
     runs: collections.Counter = collections.Counter()
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "name":
-            runs[eqn.params["name"]] += 1
-        subs = [_named_runs(getattr(j, "jaxpr", j)) for j in jax.extend.core.jaxprs_in_params(eqn.params)]
+        if tag_name(eqn) is not None:
+            runs[tag_name(eqn)] += 1
+        subs = [_named_runs(getattr(j, "jaxpr", j)) for j in sub_jaxprs(eqn)]
         if eqn.primitive.name == "cond":
             subs = [collections.Counter({k: max(s[k] for s in subs) for s in subs for k in s})]
         elif eqn.primitive.name == "while" and any(subs) and not runs_once(eqn):

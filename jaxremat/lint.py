@@ -45,6 +45,7 @@ import jax
 from .policies import to_jax_policy
 from .spec.lint import RematPolicyWarning, no_effect_message, unmatched_message
 from .spec.policies import Policy, parse_policy
+from .tags import ask_policy, sub_jaxprs, tag_name
 
 __all__ = ["RematPolicyWarning", "block_jaxpr", "check_plan", "plan_checked"]
 
@@ -130,11 +131,8 @@ def _eqns(jaxpr: Any) -> Iterator[Any]:
     """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters (scan, pjit, cond, remat)."""
     for eqn in jaxpr.eqns:
         yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _eqns(inner)
+        for sub in sub_jaxprs(eqn):
+            yield from _eqns(getattr(sub, "jaxpr", sub))
 
 
 def _saves(answer: Any) -> bool:
@@ -148,14 +146,14 @@ def _findings(jaxpr: Any, jax_policy: Callable) -> tuple[set, bool, list]:
     """(checkpoint_name tags, whether the policy saves any output, batch dims of every dot_general)."""
     tags, saves, dots = set(), False, []
     for eqn in _eqns(jaxpr.jaxpr):
-        if eqn.primitive.name == "name":
-            tags.add(eqn.params.get("name"))
+        if tag_name(eqn) is not None:
+            tags.add(tag_name(eqn))
         if eqn.primitive.name == "dot_general":
             (_, _), (lhs_b, rhs_b) = eqn.params["dimension_numbers"]
             dots.append(bool(lhs_b or rhs_b))
         if not saves:
             try:
-                saves = _saves(jax_policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params))
+                saves = _saves(ask_policy(jax_policy, eqn))
             except Exception:  # a policy that cannot judge this op does not save it
                 pass
     return tags, saves, dots

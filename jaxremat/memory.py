@@ -25,6 +25,7 @@ from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
 
 from .scan_params import scan_layout
+from .tags import tag_name
 
 __all__ = [
     "ResidualRecord", "compiled_memory", "compiled_stats", "device_peak_bytes", "saved_activation_bytes",
@@ -173,17 +174,18 @@ def _argument_flags(fn: Callable, args: tuple) -> list[tuple[Any, bool, str | No
 
     def name_of(v) -> str | None:
         e = producer.get(v)
-        while e is not None and e.primitive.name == "device_put" and not isinstance(e.invars[0], _core.Literal):
-            v, e = e.invars[0], producer.get(e.invars[0])  # an offload copies a tagged value
-        if e is not None and e.primitive.name == "name":
-            return e.params["name"]
+        while (e is not None and e.primitive.name in ("device_put", "reduce_precision")
+               and not isinstance(e.invars[0], _core.Literal)):
+            v, e = e.invars[0], producer.get(e.invars[0])  # an offload copies a tagged value (jax_remat3: rounded first)
+        if e is not None and tag_name(e) is not None:
+            return tag_name(e)
         frontier = [v]
         for _ in range(4):  # dot -> (reduce_precision) -> bias add -> tag
             nxt = []
             for u in frontier:
                 for c in consumers.get(u, []):
-                    if c.primitive.name == "name":
-                        return c.params["name"]
+                    if tag_name(c) is not None:
+                        return tag_name(c)
                     if c.primitive.name in _TAG_PASS_THROUGH:
                         nxt.extend(c.outvars)
             frontier = nxt

@@ -207,7 +207,8 @@ def remat_scan(
             not ``"recompute"`` or ``"save"``, or a ``policy`` that keeps something while every
             checkpointed segment of a segment plan names its own
             (:func:`jaxremat.spec.plan.check_default_policy`), or a plan that names a policy
-            given together with ``policy=``.
+            given together with ``policy=``, or a policy in the default rendering with JAX's
+            ``jax_remat3`` flag on under JAX < 0.11 (wrong gradients measured there).
 
     Warns:
         RematPolicyWarning: ``custom_vjp_residuals="save"`` on a block with no ``jax.custom_vjp`` op.
@@ -233,6 +234,7 @@ def remat_scan(
             segments = _one_layer_segments(segments)
         per_segment = (tuple(policy_of(s.policy) for s in segments) if any(s.policy is not None for s in segments)
                        else jax_policy)
+        _refuse_remat3_policy(per_segment)
         return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs, save)
     return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of)
 
@@ -252,6 +254,21 @@ def _one_layer_segments(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
         else:
             out.append(seg)
     return tuple(out)
+
+
+def _refuse_remat3_policy(per_segment) -> None:
+    """Refuse a policy in the reverse segment loop under ``jax_remat3`` on JAX < 0.11: measured wrong
+    gradients op by op there (max relative error 1.66 at ``full+save_dots``; docs/usage.md, "JAX versions")."""
+    policies = per_segment if isinstance(per_segment, tuple) else (per_segment,)
+    if any(p is not None for p in policies) and jax.config.jax_remat3 and _jax_minor() < (0, 11):
+        raise ValueError(f"remat_scan: a policy in the reverse segment loop under jax_remat3 gives wrong gradients on "
+                         f"JAX {jax.__version__}; turn the flag off (jax.config.update('jax_remat3', False)), pass "
+                         f"method='checkpoint', or use JAX >= 0.11")
+
+
+def _jax_minor() -> tuple[int, int]:
+    major, minor = jax.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 def _constrain_carry(block_fn: Callable, sharding: Any, with_outputs: bool) -> Callable:

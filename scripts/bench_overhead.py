@@ -32,6 +32,10 @@ Usage::
     python scripts/bench_overhead.py                          # both sizes, both frameworks, 7 rounds
     python scripts/bench_overhead.py --sizes compute --rounds 9 --json overhead.json
     python scripts/bench_overhead.py --frameworks torch --plans none,full --sizes default
+    python scripts/bench_overhead.py --planner     # the planner on FLOPs and on measured time, and the uniform plans
+
+``--planner`` times :data:`BUDGET_PLANS` and pairs the time-cost plan directly with the others
+(:data:`PLANNER_PAIRS`); the time-cost chain is measured in the worker, pinned like the steps.
 
 Not a timed test: it prints ratios measured side by side (docs/time.md has the figures).
 """
@@ -49,6 +53,14 @@ import time
 from parity.checks.timing import load_average_1min, ratio_spread
 
 PLANS = ("none", "full", "every_k(2)", "sqrt", "full+attention_only", "budget(50%)")
+BUDGET_PLANS = ("budget(50%)", "budget(50%):time", "best_uniform(50%)", "best_uniform(50%):time")
+"""Plans chosen for 50% of none's predicted peak activation: the planner's (``budget``) and the best uniform plan
+that fits (``best_uniform``, :func:`parity.cases.budget_plan.choose_plan`), on recompute FLOPs or, with ``:time``,
+on each block option's time measured in the worker first (:func:`jaxremat.block_time.timed_chain`,
+:func:`torchref.block_time.timed_chain`). ``--planner`` times them all."""
+PLANNER_PAIRS = (("best_uniform(50%):time", "budget(50%):time"), ("best_uniform(50%)", "budget(50%):time"),
+                 ("budget(50%)", "budget(50%):time"))
+"""(reference, candidate): the time-cost plan paired directly with the uniform plans and the FLOPs plan."""
 TORCH_REFERENCES = ("plain:full", "plain:full:no_early_stop", "plain:sqrt", "plain:full+attention_only")
 REFERENCE_PAIRS = (("full", "plain:full"), ("full", "plain:full:no_early_stop"), ("sqrt", "plain:sqrt"),
                    ("full+attention_only", "plain:full+attention_only"))
@@ -74,19 +86,34 @@ def _config(size: str):
                              d_ff=d_ff, max_seq_len=seq), batch, seq
 
 
-def _budget_plan(chain: dict, n_layer: int):
-    """The planner's plan for 50% of ``none``'s predicted peak activation on ``chain``."""
-    from jaxremat.spec.plan import RematPlan
-    from jaxremat.spec.planner import chain_costs, plan_chain
+def _budget_plan(name: str, chains, n_layer: int):
+    """The plan ``name`` of :data:`BUDGET_PLANS` for 50% of ``none``'s predicted peak activation; ``chains(cost)``
+    gives the chain (measured once per cost)."""
+    from jaxremat.spec.planner import chain_costs, parse_budget
+    from parity.cases.budget_plan import BudgetRequest, choose_plan
 
+    kind, _, cost = name.partition(":")
+    chain = chains(cost or "flops")
     none_peak, _, _ = chain_costs(chain["options_per_block"], [(n_layer, "store")], chain["boundary_bytes"],
                                   chain["invariant_bytes"])
-    return RematPlan(plan_chain(chain, (none_peak + chain["fixed_bytes"]) // 2).plan)
+    request = BudgetRequest(kind.split("(")[0], parse_budget("50%"))
+    return choose_plan(request, chain, n_layer, (none_peak + chain["fixed_bytes"]) // 2, 1, cost or "flops")[0]
+
+
+def _chains(model_chain, timed_chain, cfg, batch: int, seq: int):
+    got = {}
+
+    def chains(cost: str) -> dict:
+        if cost not in got:
+            got[cost] = (timed_chain if cost == "time" else model_chain)(cfg, batch, seq)
+        return got[cost]
+    return chains, got
 
 
 def _pairs(names: list[str]) -> list[tuple[str, str]]:
     """(reference, candidate) pairs: every plan against ``none``, torchref against plain torch on the same blocks."""
     pairs = [("none", n) for n in names if n != "none"]
+    pairs += [(ref, cand) for ref, cand in PLANNER_PAIRS if ref in names and cand in names]
     return pairs + [(plain, ours) for ours, plain in REFERENCE_PAIRS if ours in names and plain in names]
 
 
@@ -124,6 +151,7 @@ def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
     from torchref.model import GPT, compute_context, lm_loss, split_tokens
     from torchref.names import current_name
     from torchref.policies import is_view_op
+    from torchref.block_time import timed_chain
     from torchref.planner import model_chain
     from torchref.render import model_loss
 
@@ -161,11 +189,11 @@ def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
         return step
 
     chosen = {}
+    chains, got = _chains(model_chain, timed_chain, cfg, batch, seq)
     for name in plans:
         if name in TORCH_REFERENCES:
             continue
-        chosen[name] = (_budget_plan(model_chain(cfg, batch, seq), cfg.n_layer) if name == "budget(50%)"
-                        else parse_plan(name))
+        chosen[name] = _budget_plan(name, chains, cfg.n_layer) if name in BUDGET_PLANS else parse_plan(name)
 
     def ours(plan):
         def step():
@@ -176,7 +204,7 @@ def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
     steps = {n: (plain(n) if n in TORCH_REFERENCES else ours(chosen[n])) for n in plans}
     steps[FORWARD] = lambda: model_loss(model, tokens, chosen["none"])  # graph recorded, as a recompute does
     info = {"threads": torch.get_num_threads(), "version": torch.__version__,
-            "resolved": {n: p.name for n, p in chosen.items()}}
+            "resolved": {n: p.name for n, p in chosen.items()}, **_option_times(got)}
     return steps, info
 
 
@@ -188,6 +216,7 @@ def _jax_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
 
     from jaxremat.model import loss_fn
     from jaxremat.models import init_params
+    from jaxremat.block_time import timed_chain
     from jaxremat.planner import model_chain
     from jaxremat.spec.plan import parse_plan
 
@@ -195,10 +224,11 @@ def _jax_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
     params = {k: jnp.asarray(v) for k, v in init_params(cfg).items()}
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)), dtype=jnp.int32)
     steps, resolved, compile_s = {}, {}, {}
+    chains, got = _chains(model_chain, timed_chain, cfg, batch, seq)
     for name in plans:
         if name in TORCH_REFERENCES:
             continue
-        plan = _budget_plan(model_chain(cfg, batch, seq), cfg.n_layer) if name == "budget(50%)" else parse_plan(name)
+        plan = _budget_plan(name, chains, cfg.n_layer) if name in BUDGET_PLANS else parse_plan(name)
         t0 = time.perf_counter()
         compiled = jax.jit(jax.value_and_grad(lambda p, t, plan=plan: loss_fn(p, t, cfg, plan))).lower(
             params, tokens).compile()
@@ -207,7 +237,14 @@ def _jax_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
         resolved[name] = plan.name
     forward = jax.jit(lambda p, t: loss_fn(p, t, cfg, parse_plan("none"))).lower(params, tokens).compile()
     steps[FORWARD] = lambda: jax.block_until_ready(forward(params, tokens))
-    return steps, {"version": jax.__version__, "resolved": resolved, "compile_s": compile_s}
+    return steps, {"version": jax.__version__, "resolved": resolved, "compile_s": compile_s, **_option_times(got)}
+
+
+def _option_times(chains: dict) -> dict:
+    """``{"option_times": {option: ms per block, [median, min, max]}}`` where a time-cost chain was measured."""
+    from jaxremat.spec.option_time import times_table
+
+    return {"option_times": times_table(chains["time"]["option_times"])} if "time" in chains else {}
 
 
 def worker(framework: str, size: str, plans: list[str], rounds: int, core: int) -> dict:
@@ -237,11 +274,13 @@ def summarize(run: dict, clock: str = "cpu") -> dict:
     key = "_cpu_s" if clock == "cpu" else "_s"
     out = {"none_step_time_s": statistics.median(t for p in run["pairs"] if p["reference"] == "none"
                                                  for t in p["reference" + key]),
-           "load": _load_text(run["load_1min"]), "ratios": {}, "vs_plain": {}}
+           "load": _load_text(run["load_1min"]), "ratios": {}, "vs_plain": {}, "vs_budget": {}}
     for p in run["pairs"]:
         rs = ratio_spread(p["candidate" + key], p["reference" + key])
         if p["reference"] == "none":
             out["ratios"][p["candidate"]] = rs
+        elif p["reference"] in BUDGET_PLANS:
+            out["vs_budget"][f"{p['candidate']} / {p['reference']}"] = rs
         else:
             out["vs_plain"][f"{p['candidate']} / {p['reference']}"] = rs
     return out
@@ -259,7 +298,8 @@ def print_size(size: str, runs: list[dict], clock: str) -> None:
         fwd = s["ratios"].pop(FORWARD, None)
         bound = f"1 + forward/none = {1 + fwd.median:.2f}x [{1 + fwd.low:.2f}-{1 + fwd.high:.2f}]" if fwd else "-"
         print(f"- {r['framework']}: none {s['none_step_time_s'] * 1e3:.0f} ms/step on core {r['core']}, {s['load']}; "
-              f"bound measured here {bound}; budget(50%) = {r['resolved'].get('budget(50%)', '-')}")
+              f"bound measured here {bound}; " + "; ".join(f"{n} = {r['resolved'][n]}" for n in BUDGET_PLANS
+                                                          if n in r["resolved"]))
     fws = [r["framework"] for r in runs]
     names = []
     for s in sums.values():
@@ -274,6 +314,9 @@ def print_size(size: str, runs: list[dict], clock: str) -> None:
         for label, rs in sums[f]["vs_plain"].items():
             verdict = "within 1.05x" if rs.median <= 1.05 else "ABOVE 1.05x"
             print(f"- {f}: torchref `{label}` = {rs.text(3)} ({verdict}; {sums[f]['load']})")
+        for label, rs in sums[f]["vs_budget"].items():
+            verdict = "noise: decides nothing" if rs.noise else "slower" if rs.median > 1 else "no slower"
+            print(f"- {f}: `{label}` = {rs.text(3)} ({verdict}; {sums[f]['load']})")
 
 
 def _run_worker(framework: str, size: str, plans: list[str], rounds: int, core: int) -> dict:
@@ -295,13 +338,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frameworks", default="torch,jax")
     ap.add_argument("--plans", default=",".join(PLANS), help="plans timed against none (none is always added)")
     ap.add_argument("--no-plain", action="store_true", help="leave out plain torch checkpoint references")
+    ap.add_argument("--planner", action="store_true",
+                    help="time the budget plans only: " + ", ".join(BUDGET_PLANS) + " (the planner on FLOPs and on "
+                    "measured time, the best uniform plan on each), plain torch left out")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (>= 2)")
     ap.add_argument("--core", type=int, default=None, help="the core each worker is pinned to (default: the last)")
     ap.add_argument("--json", default=None, help="also write every step time and load reading to this file")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     sizes, frameworks = _split(args.sizes), _split(args.frameworks)
-    plans = ["none", *(p for p in _split(args.plans) if p != "none")]
+    plans = ["none", *(p for p in (BUDGET_PLANS if args.planner else _split(args.plans)) if p != "none")]
+    args.no_plain = args.no_plain or args.planner
     bad = [s for s in sizes if s not in SIZES] + [f for f in frameworks if f not in ("torch", "jax")]
     if bad or args.rounds < 2:
         print(f"bench_overhead: unknown {bad} or --rounds {args.rounds} < 2; sizes are {', '.join(SIZES)}, "

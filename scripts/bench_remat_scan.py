@@ -13,7 +13,9 @@ temp bytes (``Compiled.memory_analysis().temp_size_in_bytes``, MB) of:
 
 The families: ``mlp`` (D 512, F 2048, B 256; activations above parameters), ``wide`` (D 1024,
 F 4096, B 64), ``batch1`` (D 512, F 2048, B 1) and ``params>>acts`` (D 1024, F 4096, B 4; a layer's
-parameters, 32 MB, against 80 KB of activations). Nothing runs: the numbers are XLA's buffer plan,
+parameters, 32 MB, against 80 KB of activations), and the project's GPT presets ``gpt-tiny`` and
+``gpt-small`` (``parity.inputs.presets``; the transformer block at depth N, loss the cross entropy,
+gradients of the parameters). Nothing runs: the numbers are XLA's buffer plan,
 deterministic for a given jax/jaxlib and CPU; nothing is timed.
 
 Usage::
@@ -37,6 +39,8 @@ from jaxremat.render import remat_scan
 FAMILIES = {"mlp": (512, 2048, 256), "wide": (1024, 4096, 64), "batch1": (512, 2048, 1),
             "params>>acts": (1024, 4096, 4)}
 """name -> (D, F, B)."""
+GPT_FAMILIES = ("gpt-tiny", "gpt-small")
+"""The project's GPT presets (parity.inputs.presets), at depth N in place of the preset's own."""
 SCHEDULES = ("none", "full", "every_k(2)", "sqrt")
 
 
@@ -52,40 +56,72 @@ def stack_args(n: int, d: int, f: int, b: int):
             "w2": sds((n, f, d), jnp.float32)}, sds((b, d), jnp.float32)
 
 
-def _temp_mb(loss, params, x) -> float:
-    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(params, x).compile()
-    return compiled.memory_analysis().temp_size_in_bytes / 1e6
+def temp_bytes(loss, params, x, argnums=(0, 1)) -> int:
+    """XLA's compiled temp bytes of ``jit(value_and_grad(loss, argnums))`` at abstract ``params``, ``x``."""
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=argnums)).lower(params, x).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
 
 
-def _hand_written(kind: str):
-    def loss(p, x):
-        if kind == "unrolled":
-            n = jax.tree_util.tree_leaves(p)[0].shape[0]
-            for i in range(n):
-                x = block(jax.tree_util.tree_map(lambda a: a[i], p), x, None)
-        else:
-            body = block if kind == "scan" else jax.checkpoint(block, prevent_cse=False)
-            x = lax.scan(lambda c, layer: (body(layer, c, None), None), x, p)[0]
-        return jnp.sum(x ** 2)
-    return loss
+def stacks(block_fn):
+    """``name -> stack(p, x)`` for every rendering of the table: remat_scan's per (method, schedule), hand-written."""
+    def hand(kind):
+        def stack(p, x):
+            if kind == "unrolled":  # per-layer parameters: a list of layer pytrees, as a user's loop has them
+                for layer in p:
+                    x = block_fn(layer, x, None)
+                return x
+            body = block_fn if kind == "scan" else jax.checkpoint(block_fn, prevent_cse=False)
+            return lax.scan(lambda c, layer: (body(layer, c, None), None), x, p)[0]
+        return stack
+    out = {(m, s): (lambda p, x, m=m, s=s: remat_scan(block_fn, p, x, s, method=m))
+           for m in ("reverse_loop", "checkpoint") for s in SCHEDULES}
+    return out | {k: hand(k) for k in ("scan", "scan+ckpt", "unrolled")}
 
 
-def _remat(schedule: str, method: str):
-    return lambda p, x: jnp.sum(remat_scan(block, p, x, schedule, method=method) ** 2)
+def _per_layer(tree, n: int) -> list:
+    return [jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree) for _ in range(n)]
+
+
+def family_case(fam: str, n: int, unrolled: bool = False):
+    """``(block_fn, loss_of(stack), params, x, argnums)`` of a family at depth ``n`` (abstract arrays);
+    ``unrolled``: the block parameters as a list of ``n`` per-layer pytrees instead of one stacked pytree."""
+    if fam in FAMILIES:
+        params, x = stack_args(n, *FAMILIES[fam])
+        params = _per_layer(params, n) if unrolled else params
+        return block, (lambda stack: (lambda p, x: jnp.sum(stack(p, x) ** 2))), params, x, (0, 1)
+    from jaxremat.model import block_forward, block_params_of, cross_entropy, embed, head
+    from jaxremat.models import init_params
+    from parity.inputs.presets import get_preset
+    preset = get_preset(fam)
+    cfg = preset.config.replace(n_layer=n)
+    full = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in init_params(cfg, seed=0).items()}
+    blocks = block_params_of(full)
+    params = {"rest": {k: v for k, v in full.items() if k not in blocks},
+              "blocks": _per_layer(blocks, n) if unrolled else blocks}
+    tokens = jax.ShapeDtypeStruct((preset.batch_size, preset.seq_len + 1), jnp.int32)
+
+    def loss_of(stack):
+        def loss(p, t):
+            x = stack(p["blocks"], embed(p["rest"], t[:, :-1], cfg))
+            return cross_entropy(head(p["rest"], x, cfg), t[:, 1:])
+        return loss
+
+    return (lambda lp, c, _: block_forward(lp, c, cfg)), loss_of, params, tokens, 0
 
 
 def rows(families: list[str], depths: list[int]) -> list[dict]:
     """One row per (family, N, schedule): temp MB of each rendering (None where it does not apply)."""
     out = []
     for fam in families:
-        d, f, b = FAMILIES[fam]
         for n in depths:
-            params, x = stack_args(n, d, f, b)
-            base = {k: _temp_mb(_hand_written(k), params, x) for k in ("scan", "scan+ckpt", "unrolled")}
+            block_fn, loss_of, params, x, argnums = family_case(fam, n)
+            fns = stacks(block_fn)
+            mb = lambda key, p=params: temp_bytes(loss_of(fns[key]), p, x, argnums) / 1e6  # noqa: E731
+            base = {k: mb(k) for k in ("scan", "scan+ckpt")}
+            base["unrolled"] = mb("unrolled", family_case(fam, n, unrolled=True)[2])
             for s in SCHEDULES:
                 row = {"family": fam, "N": n, "schedule": s,
-                       "reverse_loop": _temp_mb(_remat(s, "reverse_loop"), params, x),
-                       "checkpoint": _temp_mb(_remat(s, "checkpoint"), params, x),
+                       "reverse_loop": mb(("reverse_loop", s)), "checkpoint": mb(("checkpoint", s)),
                        "scan+ckpt": base["scan+ckpt"] if s == "full" else None,
                        "scan": base["scan"] if s == "none" else None,
                        "unrolled": base["unrolled"] if s == "none" else None}
@@ -106,12 +142,13 @@ def _ints(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", type=lambda t: t.split(","), default=list(FAMILIES))
+    ap.add_argument("--families", type=lambda t: t.split(","), default=[*FAMILIES, *GPT_FAMILIES])
     ap.add_argument("--depths", type=_ints, default=[2, 4, 8])
     args = ap.parse_args(argv)
-    unknown = [f for f in args.families if f not in FAMILIES]
+    unknown = [f for f in args.families if f not in FAMILIES and f not in GPT_FAMILIES]
     if unknown:
-        print(f"unknown family {unknown[0]!r}; choose among {', '.join(FAMILIES)}", file=sys.stderr)
+        print(f"unknown family {unknown[0]!r}; choose among {', '.join((*FAMILIES, *GPT_FAMILIES))}",
+              file=sys.stderr)
         return 2
     print(f"{'family':<13} {'N':>2} {'schedule':<11}{'rev.loop':>10}{'checkpt':>10}{'scan+ckpt':>10}"
           f"{'scan':>10}{'unrolled':>10}   (compiled temp, MB)")

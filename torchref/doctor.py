@@ -14,7 +14,8 @@ model's ``loss.backward()``) once, with:
 * ``torch.utils.checkpoint`` observed at its two entry points, patched for the step's duration:
   ``_checkpoint_without_reentrant_generator`` (``use_reentrant=False``; also ``checkpoint_wrapper``,
   ``checkpoint_sequential`` and Hugging Face's ``gradient_checkpointing_enable``) and
-  ``CheckpointFunction.forward`` (``use_reentrant=True``). Each call is a checkpoint region of the
+  ``CheckpointFunction.forward`` (``use_reentrant=True``: observed to detect a user's reentrant call,
+  never used; torchref checkpoints non-reentrant only). Each call is a checkpoint region of the
   module that made it: the function it checkpoints is wrapped to count its recomputes, and a
   selective policy (``context_fn`` from ``create_selective_checkpoint_contexts``) is wrapped to
   count the ops it saves;

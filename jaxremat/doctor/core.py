@@ -98,13 +98,17 @@ def doctor(fn: Callable, *args, argnums: int | tuple[int, ...] = 0, has_aux: boo
         ``compiled``; ``str()`` is the table.
 
     Raises:
-        ValueError: ``argnums`` out of range, or a loss with no float leaf there.
+        ValueError: ``argnums`` out of range, or a loss with no float leaf there; JAX's ``jax_remat3``
+            flag is on (its ``jax.checkpoint`` is another primitive, whose regions the doctor cannot see).
         Whatever tracing ``fn`` raises (a wrong argument shape, a non-array argument).
 
     Each trace runs in a trace context of its own (:mod:`jaxremat.doctor.regions`), so that every
     region is differentiated again under the doctor's eye; no JAX cache is cleared. Source:
     ``jax.checkpoint`` policies (``jax/_src/ad_checkpoint.py``).
     """
+    if jax.config.jax_remat3:
+        raise ValueError("jaxremat.doctor reads the regions of JAX's default jax.checkpoint, and jax_remat3 is on: "
+                         "diagnose with it off (jax.config.update('jax_remat3', False), or JAX_REMAT3=0)")
     name = getattr(fn, "__name__", type(fn).__name__)
     program = make_program(fn, args, (argnums,) if isinstance(argnums, int) else tuple(argnums), has_aux)
     traced, records = trace_program(program.value_and_grad, program.leaves)

@@ -8,13 +8,14 @@ it in memory kind ``dst``) or ``False`` / ``Recompute``. The doctor asks three t
   equal policies built twice (it is part of a region's identity across traces);
 * :func:`policy_names`: the ``checkpoint_name`` tags it saves and offloads. Candidate names are
   read from the policy's fields and closure (JAX's own policies keep them there:
-  ``SaveOnlyTheseNames.saveable_names``, the closure of ``save_and_offload_only_these_names``,
-  both halves of ``save_from_both_policies``), then each is confirmed by asking the policy about
+  ``SaveOnlyTheseNames.saveable_names`` in JAX 0.10, the closure of ``save_only_these_names`` in
+  JAX 0.12, the closure of ``save_and_offload_only_these_names``, both halves of
+  ``save_from_both_policies``), then each is confirmed by asking the policy about
   a ``name`` operation carrying it, so that ``save_any_names_but_these('x')`` does not count
   ``'x'`` as kept. A policy that hides its names elsewhere (a set literal inside a lambda) yields none;
 * :func:`region_answers`: its answers over every operation of a region (sub-programs included).
 
-Source: ``jax.checkpoint_policies`` (``jax/_src/ad_checkpoint.py``, jax 0.10.2), the ``Offloadable``
+Source: ``jax.checkpoint_policies`` (``jax/_src/ad_checkpoint.py``, jax 0.10.2 and 0.12.0.1), the ``Offloadable``
 answer (``jax._src.interpreters.partial_eval``).
 """
 
@@ -26,9 +27,10 @@ import inspect
 from typing import Any, Callable, Iterator
 
 import jax
-import jax.extend.core
 import numpy as np
 from jax.extend.core.primitives import name_p
+
+from ..tags import ask_policy, sub_jaxprs, tag_name
 
 __all__ = ["HOST_MEMORY_KIND", "RegionAnswers", "describe_policy", "policy_names", "region_answers",
            "region_eqns", "region_tags"]
@@ -56,6 +58,15 @@ def _parts(policy: Any) -> dict[str, Any]:
     return parts
 
 
+def _jax_helper(policy: Any) -> str | None:
+    """The ``jax.checkpoint_policies`` helper whose inner function ``policy`` is (JAX 0.12 builds
+    ``save_only_these_names`` and ``save_any_names_but_these`` as closures, JAX 0.10 as classes)."""
+    qualname = getattr(policy, "__qualname__", "")
+    if inspect.isfunction(policy) and policy.__module__ == "jax._src.ad_checkpoint" and ".<locals>." in qualname:
+        return qualname.split(".<locals>.")[0]
+    return None
+
+
 def _is_names(value: Any) -> bool:
     return (isinstance(value, (set, frozenset, tuple, list)) and len(value) > 0
             and all(isinstance(s, str) for s in value))
@@ -79,11 +90,14 @@ def describe_policy(policy: Callable | None, depth: int = 0) -> str:
     cls = type(policy).__name__
     if cls == "DotsSaveable":
         return "dots_with_no_batch_dims_saveable" if policy.only_if_no_batch_dims else "dots_saveable"
-    if cls == "SaveOnlyTheseNames":
-        return f"save_only_these_names({', '.join(map(repr, sorted(policy.saveable_names)))})"
-    if cls == "SaveAnyNamesButThese":
-        return f"save_any_names_but_these({', '.join(map(repr, sorted(policy.names)))})"
     parts = _parts(policy)
+    helper = _jax_helper(policy)
+    if cls == "SaveOnlyTheseNames" or helper == "save_only_these_names":
+        names = policy.saveable_names if cls == "SaveOnlyTheseNames" else parts["names_which_can_be_saved"]
+        return f"save_only_these_names({', '.join(map(repr, sorted(names)))})"
+    if cls == "SaveAnyNamesButThese" or helper == "save_any_names_but_these":
+        names = policy.names if cls == "SaveAnyNamesButThese" else parts["names_not_to_save"]
+        return f"save_any_names_but_these({', '.join(map(repr, sorted(names)))})"
     if depth < _MAX_DEPTH and {"policy_1", "policy_2"} <= set(parts):
         return (f"save_from_both_policies({describe_policy(parts['policy_1'], depth + 1)}, "
                 f"{describe_policy(parts['policy_2'], depth + 1)})")
@@ -145,13 +159,13 @@ def region_eqns(jaxpr: Any) -> Iterator[Any]:
     """Every equation of ``jaxpr`` and of the sub-programs in its equations (scan, cond, jit, remat)."""
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        for sub in sub_jaxprs(eqn):
             yield from region_eqns(sub)
 
 
 def region_tags(jaxpr: Any) -> frozenset[str]:
     """The ``checkpoint_name`` tags carried by operations of a region (at any depth)."""
-    return frozenset(e.params["name"] for e in region_eqns(jaxpr) if e.primitive is name_p)
+    return frozenset(tag_name(e) for e in region_eqns(jaxpr) if tag_name(e) is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +195,7 @@ def region_answers(policy: Callable | None, jaxpr: Any) -> RegionAnswers:
         if policy is None:
             continue
         try:
-            answer = policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
+            answer = ask_policy(policy, eqn)
         except Exception:  # a policy that cannot judge this operation does not keep it
             continue
         kind = _kind(answer)

@@ -279,7 +279,7 @@ def region_calls(jaxpr: Any) -> dict[int, int]:
             runs[policy.region] += 1
         subs = [region_calls(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params)]
         if eqn.primitive.name == "cond":
-            subs = [collections.Counter({k: max(s[k] for s in subs) for s in subs for k in s})]
+            subs = [collections.Counter({k: max(s.get(k, 0) for s in subs) for s in subs for k in s})]
         times = eqn.params["length"] if eqn.primitive.name == "scan" else 1
         for sub in subs:
             runs.update({k: v * times for k, v in sub.items()})

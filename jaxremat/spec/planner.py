@@ -63,6 +63,13 @@ bytes are at most ``resolution``); each segment's ``W`` and ``B + K`` are rounde
 quanta, so the DP is exact for the rounded costs and its plan never exceeds the budget in true
 bytes (its true peak is recomputed with the exact model, :func:`chain_costs`). Time is
 ``O(N^2 * len(menu) * resolution)``, vectorised over the budget axis.
+
+**The cost** is ``C_j`` above, the recompute FLOPs, by default (``cost="flops"``). With
+``cost="time"`` it is time: ``C_j = sum_{i in s_j} step_time_s_i(o_j) + segment_time_s`` of the
+segment's first block under ``o_j``, each block's measured forward and backward time under the
+option (recompute included; a stored block's too) plus a segment's fixed time, so that the plan
+minimizes the stack's predicted step time. This module only sums the numbers; the frameworks
+measure them (:mod:`jaxremat.block_time`, :mod:`torchref.block_time`).
 """
 
 from __future__ import annotations
@@ -77,8 +84,8 @@ import numpy as np
 from .policies import Policy, parse_policy
 from .segment_plan import PlanSegment, SegmentPlan
 
-__all__ = ["BlockOption", "Budget", "NoPlanFits", "PlannerResult", "chain_costs", "min_peak_plan", "parse_budget",
-           "plan_chain", "plan_for_budget"]
+__all__ = ["BlockOption", "Budget", "COSTS", "NoPlanFits", "PlannerResult", "chain_costs", "chain_time_s",
+           "min_peak_plan", "parse_budget", "plan_chain", "plan_for_budget"]
 
 DEFAULT_RESOLUTION = 1000
 """Default number of byte quanta the budget is cut into (see the module docstring)."""
@@ -114,6 +121,12 @@ class BlockOption:
         transient_bytes: bytes (int >= 0) live on top of ``working_bytes`` while the block runs
             backward (its activation gradients and the backward ops' temporaries); a segment is
             charged the largest of its blocks', once, since its blocks run backward one at a time.
+        step_time_s: seconds (number >= 0, or None: not measured) the block takes in one training
+            step under this option: its forward pass plus its backward pass, recompute included; the
+            cost ``plan_for_budget(..., cost="time")`` minimizes (measured by the frameworks' menus:
+            :func:`jaxremat.block_time.timed_chain`, :func:`torchref.block_time.timed_chain`).
+        segment_time_s: seconds (number >= 0) a segment whose first block this is costs once, beyond
+            its blocks' ``step_time_s`` (the intercept of a segment's time against its length).
 
     Raises:
         ValueError: a negative or non-integer byte count, ``working_bytes < kept_bytes``, a
@@ -130,6 +143,8 @@ class BlockOption:
     keeps_block_input: bool = False
     transient_bytes: int = 0
     segment_bytes: int = 0
+    step_time_s: float | None = None
+    segment_time_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -146,6 +161,14 @@ class BlockOption:
                 or not math.isfinite(f):
             raise ValueError(f"option {self.name!r}: recompute_flops must be a finite number >= 0, got {f!r}")
         object.__setattr__(self, "recompute_flops", float(f))
+        for field in ("step_time_s", "segment_time_s"):
+            t = getattr(self, field)
+            if t is None and field == "step_time_s":
+                continue
+            if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)) or not t >= 0 \
+                    or not math.isfinite(t):
+                raise ValueError(f"option {self.name!r}: {field} must be a finite number >= 0 (seconds), got {t!r}")
+            object.__setattr__(self, field, float(t))
         if self.working_bytes < self.kept_bytes:
             raise ValueError(f"option {self.name!r}: working_bytes ({self.working_bytes}) < kept_bytes "
                              f"({self.kept_bytes}); what a block keeps is live while it runs backward too")
@@ -205,6 +228,9 @@ class PlannerResult:
             true budget, which is then returned (raise ``resolution`` for an optimal one).
         saved_bytes: the bytes held at the end of the forward pass (``end`` in the module
             docstring: invariants, one boundary per checkpointed segment, what the blocks keep).
+        cost: what the plan minimized (:data:`COSTS`).
+        step_time_s: with ``cost="time"``, the plan's predicted step time of the stack (seconds, the
+            options' measured times summed); None with ``cost="flops"``.
     """
 
     plan: SegmentPlan
@@ -216,13 +242,15 @@ class PlannerResult:
     quantum_bytes: int
     optimal: bool = True
     saved_bytes: int = 0
+    cost: str = "flops"
+    step_time_s: float | None = None
 
 
 class _Menu:
     """Prefix sums of the options' costs: arrays of shape (options, N + 1)."""
 
     def __init__(self, options_per_block: Sequence[Sequence[BlockOption]], boundary_bytes: int,
-                 min_checkpoint_length: int = 1):
+                 min_checkpoint_length: int = 1, cost: str = "flops"):
         if isinstance(min_checkpoint_length, bool) or not isinstance(min_checkpoint_length, (int, np.integer)) \
                 or min_checkpoint_length < 1:
             raise ValueError(f"min_checkpoint_length must be an integer >= 1 (blocks), got {min_checkpoint_length!r}")
@@ -255,6 +283,16 @@ class _Menu:
         self.ckpt = np.array([o.checkpointed for o in first])
         self.inputs = np.array([boundary_bytes if o.keeps_block_input else 0 for o in first], dtype=np.int64)
         self.seg = np.array([[o.segment_bytes for o in opts] for opts in blocks], dtype=np.int64).T  # (O, N)
+        self.cost_name = _check_cost(cost, blocks)
+        if cost == "time":  # the DP's cost: each block's measured step time, plus a segment's intercept
+            self.cost = z("step_time_s")
+            self.seg_cost = np.array([[o.segment_time_s for o in opts] for opts in blocks], dtype=float).T
+        else:
+            self.cost, self.seg_cost = self.flops, np.zeros(self.seg.shape)
+
+    def segment_cost(self, a: int, b: int, o: int) -> float:
+        """The DP's cost of blocks [a, b) under option o (FLOPs, or seconds with the segment's intercept)."""
+        return float(self.cost[o, b] - self.cost[o, a] + self.seg_cost[o, a])
 
     def segment(self, a: int, b: int, o: int) -> tuple[int, int, float]:
         """(K, W, C) of blocks [a, b) under option o."""
@@ -270,12 +308,28 @@ class _Menu:
         K = (self.kept[:, a + 1:] - self.kept[:, a:a + 1] + extra).T.ravel()
         X = np.maximum.accumulate(self.trans[:, a:], axis=1)  # largest transient of blocks a..b-1
         W = ((self.work[:, a + 1:] - self.work[:, a:a + 1]) + self.boundary * self.ckpt[:, None] + extra + X).T.ravel()
-        C = (self.flops[:, a + 1:] - self.flops[:, a:a + 1]).T.ravel()
+        C = (self.cost[:, a + 1:] - self.cost[:, a:a + 1] + self.seg_cost[:, a:a + 1]).T.ravel()
         b = np.repeat(np.arange(a + 1, self.n + 1), O)
         o = np.tile(np.arange(O), self.n - a)
         if self.min_ckpt > 1:  # checkpointed segments shorter than the minimum are out of the space
             W = np.where(self.ckpt[o] & (b - a < self.min_ckpt), _OUT, W)
         return K, W, C, b, o
+
+
+COSTS = ("flops", "time")
+"""What the planner minimizes: ``"flops"`` (each option's ``recompute_flops``) or ``"time"`` (each option's
+measured ``step_time_s`` plus its ``segment_time_s`` per segment)."""
+
+
+def _check_cost(cost, blocks) -> str:
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {', '.join(COSTS)}, got {cost!r}")
+    if cost == "time":
+        missing = sorted({o.name for opts in blocks for o in opts if o.step_time_s is None})
+        if missing:
+            raise ValueError(f"cost='time' needs every option's measured step_time_s; {missing} have none "
+                             "(measure them: jaxremat.block_time.timed_chain, torchref.block_time.timed_chain)")
+    return cost
 
 
 _OUT = np.int64(2**60)
@@ -299,16 +353,18 @@ def _merge(menu: _Menu, segs: Sequence[tuple[int, int]]) -> list[tuple[int, int]
     return [(l, o) for l, o in out]
 
 
-def _costs(menu: _Menu, segs, invariant: int) -> tuple[int, float, int]:
-    peak, below, end, a, flops = 0, invariant, invariant, 0, 0.0
+def _costs(menu: _Menu, segs, invariant: int) -> tuple[int, float, int, float]:
+    """(peak bytes, recompute FLOPs, saved bytes, the DP's cost) of one plan (merged as it renders)."""
+    peak, below, end, a, flops, cost = 0, invariant, invariant, 0, 0.0, 0.0
     for j, (length, o) in enumerate(_merge(menu, segs)):
         K, W, C = menu.segment(a, a + length, o)
         peak = max(peak, below + W)
         below += menu.boundary + K
         end += K + (menu.boundary if menu.ckpt[o] else 0)
         flops += C
+        cost += menu.segment_cost(a, a + length, o)
         a += length
-    return max(peak, end), flops, end
+    return max(peak, end), flops, end, cost
 
 
 def _resolve(menu: _Menu, segs) -> list[tuple[int, int]]:
@@ -347,7 +403,19 @@ def chain_costs(options_per_block: Sequence[Sequence[BlockOption]], segments: Se
         ValueError: bad menus or byte counts, an unknown option, or lengths not summing to N.
     """
     menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes))
-    return _costs(menu, _resolve(menu, segments), _check_bytes("invariant_bytes", invariant_bytes))
+    return _costs(menu, _resolve(menu, segments), _check_bytes("invariant_bytes", invariant_bytes))[:3]
+
+
+def chain_time_s(options_per_block: Sequence[Sequence[BlockOption]], segments: Sequence[tuple]) -> float:
+    """The predicted step time (seconds) of the chain's blocks under one plan: each block's ``step_time_s``
+    under its segment's option, plus each segment's ``segment_time_s`` (neighbouring stored segments merged
+    first, as in :func:`chain_costs`, whose arguments these are).
+
+    Raises:
+        ValueError: an option without ``step_time_s``, or as :func:`chain_costs`.
+    """
+    menu = _Menu(options_per_block, 0, cost="time")
+    return _costs(menu, _resolve(menu, segments), 0)[3]
 
 
 def _to_plan(menu: _Menu, segs) -> tuple[SegmentPlan, tuple]:
@@ -440,8 +508,8 @@ def _least_recompute(menu: _Menu, avail: int, q: int):
 
 def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_bytes: int, boundary_bytes: int,
                     invariant_bytes: int = 0, *, resolution: int = DEFAULT_RESOLUTION,
-                    min_checkpoint_length: int = 1) -> PlannerResult:
-    """The segment plan of least recompute whose predicted peak fits ``budget_bytes``.
+                    min_checkpoint_length: int = 1, cost: str = "flops") -> PlannerResult:
+    """The segment plan of least recompute (or least measured time) whose predicted peak fits ``budget_bytes``.
 
     Exact over the space of one-level segment plans of the menu (module docstring: the model, the
     space, what it leaves out, the DP and its sources: Beaumont et al. 2019/2021, Rotor; Zhao et al.
@@ -468,6 +536,10 @@ def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_b
             holds; stored segments may be of any length. A renderer that is not bitwise on
             one-block segments (JAX under ``jit`` at some shapes: a scan of trip count 1 is
             inlined and XLA fuses it differently) plans with 2.
+        cost: what the plan minimizes (:data:`COSTS`): ``"flops"``, the options' ``recompute_flops``;
+            ``"time"``, their measured ``step_time_s`` (each block's forward and backward pass,
+            recompute included) plus ``segment_time_s`` per segment: the predicted step time of
+            the stack. The memory model and the space are the same.
 
     Returns:
         A :class:`PlannerResult`; its ``plan`` goes straight to ``remat_scan`` / ``remat_stack`` /
@@ -480,9 +552,10 @@ def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_b
             giving the smallest achievable peak and a plan reaching it).
         ValueError: bad menus (empty, not BlockOption values, differing between blocks, duplicate
             names), negative or non-integer byte counts, a bad resolution or min_checkpoint_length,
-            or no plan with checkpointed segments that long (a menu without ``store``).
+            or no plan with checkpointed segments that long (a menu without ``store``), an unknown
+            ``cost``, or ``cost="time"`` with an option whose ``step_time_s`` is None.
     """
-    menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes), min_checkpoint_length)
+    menu = _Menu(options_per_block, _check_bytes("boundary_bytes", boundary_bytes), min_checkpoint_length, cost)
     budget, inv = _check_bytes("budget_bytes", budget_bytes), _check_bytes("invariant_bytes", invariant_bytes)
     if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1:
         raise ValueError(f"resolution must be an integer >= 1 (byte quanta), got {resolution!r}")
@@ -496,17 +569,19 @@ def plan_for_budget(options_per_block: Sequence[Sequence[BlockOption]], budget_b
     if segs is None:  # rounding up to whole quanta lost every plan, but the least-peak one fits
         segs = least_segs
     stored = [o for o, opt in enumerate(menu.options) if not opt.checkpointed]
-    if stored and _costs(menu, segs, inv)[1] > 0:
+    if stored and _costs(menu, segs, inv)[3] > 0:
         # storing every block recomputes nothing; rounding to quanta can lose it when its peak is within a
         # quantum of the budget (a budget of exactly none's peak), so its true peak is checked too
         whole = [(menu.n, stored[0])]
-        if _costs(menu, whole, inv)[0] <= budget and float(menu.flops[stored[0], -1]) == 0:
+        peak_w, _, _, cost_w = _costs(menu, whole, inv)
+        if peak_w <= budget and cost_w < _costs(menu, segs, inv)[3]:
             segs, optimal = whole, True
-    peak, flops, end = _costs(menu, segs, inv)
+    peak, flops, end, total = _costs(menu, segs, inv)
     if peak > budget:  # cannot happen: every rounding is upwards
         raise AssertionError(f"planner bug: plan peak {peak} > budget {budget}")
     plan, names = _to_plan(menu, segs)
-    return PlannerResult(plan, names, peak, flops, budget, least_peak, q, optimal, end)
+    return PlannerResult(plan, names, peak, flops, budget, least_peak, q, optimal, end, cost,
+                         total if cost == "time" else None)
 
 
 def plan_chain(chain: dict, budget_bytes: int, **kw) -> PlannerResult:
@@ -518,7 +593,7 @@ def plan_chain(chain: dict, budget_bytes: int, **kw) -> PlannerResult:
             :func:`torchref.planner.model_chain`); ``fixed_bytes`` are held outside the stack at
             the peak, whatever the plan.
         budget_bytes: peak activation bytes allowed for the whole step (int >= 0).
-        **kw: passed to :func:`plan_for_budget` (``resolution``, ``min_checkpoint_length``).
+        **kw: passed to :func:`plan_for_budget` (``resolution``, ``min_checkpoint_length``, ``cost``).
 
     Returns:
         The :class:`PlannerResult` with ``peak_bytes``, ``min_peak_bytes`` and ``budget_bytes`` on

@@ -10,6 +10,10 @@ with no policy or one of the menu's policies, predicted by the same menu and cha
 ``plan(...)`` is always a segment plan (:mod:`jaxremat.spec.segment_plan`); the budget's old
 spelling ``plan(50%)`` is refused with a message naming ``budget(50%)``.
 
+"Least recompute" is the suite's ``planner_cost``: recompute FLOPs (``"flops"``), or time (``"time"``:
+each block option's forward and backward time measured by the framework once per model and shape,
+:mod:`jaxremat.block_time`, :mod:`torchref.block_time`); the uniform plan is chosen on the same cost.
+
 A budget plan is resolved when its case runs, once ``none`` has been measured:
 
 1. the budget in bytes (a percentage of ``none``'s measured peak activation);
@@ -38,13 +42,15 @@ from typing import Callable
 
 from jaxremat.models import get_model
 from jaxremat.spec.plan import RematPlan, parse_plan
-from jaxremat.spec.planner import Budget, NoPlanFits, chain_costs, min_peak_plan, parse_budget, plan_for_budget
+from jaxremat.spec.option_time import times_table
+from jaxremat.spec.planner import (Budget, NoPlanFits, chain_costs, chain_time_s, min_peak_plan, parse_budget,
+                                   plan_for_budget)
 from jaxremat.spec.policies import parse_policy
 from jaxremat.spec.schedules import parse_schedule
 
 from parity.runners.framework import get_framework
 
-__all__ = ["BudgetRequest", "MAX_ATTEMPTS", "Resolution", "parse_case_plan", "resolve", "uniform_candidates"]
+__all__ = ["BudgetRequest", "MAX_ATTEMPTS", "Resolution", "choose_plan", "parse_case_plan", "resolve", "uniform_candidates"]
 
 MAX_ATTEMPTS = 4
 """Plans tried per budget case before the last is reported (module docstring, step 3)."""
@@ -107,6 +113,9 @@ class Resolution:
             ``predicted_peak_activation_bytes``, ``predicted_saved_bytes`` (of the stack and the
             tensors outside it), ``recompute_flops``, ``measured_peak_activation_bytes``, ``within_budget``.
         offset_bytes: ``none``'s measured peak activation less its prediction (>= 0), taken off the budget.
+        cost: what the plan minimized (``"flops"`` or ``"time"``).
+        option_times: with ``cost="time"``, each option's measured times
+            (:func:`jaxremat.spec.option_time.times_table`: ms per block, [median, min, max]); else None.
     """
 
     plan: RematPlan
@@ -114,6 +123,8 @@ class Resolution:
     budget_bytes: int
     attempts: tuple
     offset_bytes: int
+    cost: str = "flops"
+    option_times: dict | None = None
 
     @property
     def last(self) -> dict:
@@ -145,17 +156,21 @@ def uniform_candidates(n_layer: int, policies) -> list[RematPlan]:
     return out
 
 
-def _choose(request: BudgetRequest, chain: dict, n: int, target: int, min_len: int = 1) -> tuple[RematPlan, dict]:
-    """The plan for ``target`` bytes (whole-step peak activation) and its predictions."""
+def choose_plan(request: BudgetRequest, chain: dict, n: int, target: int, min_len: int = 1,
+            cost: str = "flops") -> tuple[RematPlan, dict]:
+    """The plan for ``target`` bytes (whole-step peak activation) of least ``cost``, and its predictions
+    (``predicted_stack_step_time_s``: the stack's predicted step time, with ``cost="time"``)."""
     fixed = chain["fixed_bytes"]
     opts, bnd, inv = chain["options_per_block"], chain["boundary_bytes"], chain["invariant_bytes"]
+    timed = {"predicted_stack_step_time_s": None}
     if request.kind == "budget":
         try:
-            r = plan_for_budget(opts, max(0, target - fixed), bnd, inv, min_checkpoint_length=min_len)
+            r = plan_for_budget(opts, max(0, target - fixed), bnd, inv, min_checkpoint_length=min_len, cost=cost)
         except NoPlanFits as exc:
             raise NoPlanFits(target, exc.min_peak_bytes + fixed, exc.min_peak_plan) from None
         return RematPlan(r.plan), {"predicted_peak_activation_bytes": r.peak_bytes + fixed,
-                                   "predicted_stack_saved_bytes": r.saved_bytes, "recompute_flops": r.recompute_flops}
+                                   "predicted_stack_saved_bytes": r.saved_bytes, "recompute_flops": r.recompute_flops,
+                                   "predicted_stack_step_time_s": r.step_time_s}
     names = [o.name for o in opts[0]]
     best = None
     for plan in uniform_candidates(n, [m for m in names if m != "store"]):
@@ -163,18 +178,22 @@ def _choose(request: BudgetRequest, chain: dict, n: int, target: int, min_len: i
         if any(o != "store" and length < min_len for length, o in segs):
             continue  # outside the space the planner searches too
         peak, flops, saved = chain_costs(opts, segs, bnd, inv)
-        if peak + fixed <= target and (best is None or (flops, peak) < best[0]):
-            best = ((flops, peak), plan, saved)
+        key = (chain_time_s(opts, segs) if cost == "time" else flops, peak)
+        if peak + fixed <= target and (best is None or key < best[0]):
+            best = (key, plan, saved, flops)
     if best is None:
         least, least_plan = min_peak_plan(opts, bnd, inv, min_checkpoint_length=min_len)
         raise NoPlanFits(target, least + fixed, least_plan)
-    (flops, peak), plan, saved = best
+    (value, peak), plan, saved, flops = best
+    if cost == "time":
+        timed["predicted_stack_step_time_s"] = value
     return plan, {"predicted_peak_activation_bytes": peak + fixed, "predicted_stack_saved_bytes": saved,
-                  "recompute_flops": flops}
+                  "recompute_flops": flops, **timed}
 
 
 def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, ref, run: Callable[[RematPlan], object],
-            *, policies=None, predicted_none: int | None = None, min_checkpoint_length: int = 1) -> Resolution:
+            *, policies=None, predicted_none: int | None = None, min_checkpoint_length: int = 1,
+            cost: str = "flops") -> Resolution:
     """Choose, run and if need be re-choose the plan of a budget case (module docstring).
 
     Args:
@@ -187,6 +206,8 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
         predicted_none: ``none``'s predicted peak activation (None: the chain model's all-store plan).
         min_checkpoint_length: the shortest checkpointed segment of the space, for the planner
             and the uniform plans alike (:func:`jaxremat.spec.planner.plan_for_budget`).
+        cost: what the plan minimizes, the planner's and the uniform plan's alike: ``"flops"`` or
+            ``"time"`` (each option measured by the framework, ``planner_chain(..., cost="time")``).
 
     Raises:
         jaxremat.spec.planner.NoPlanFits: no plan of the space is predicted to fit the (offset) budget.
@@ -197,7 +218,7 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
         raise ValueError("none's peak activation bytes were not measured; a budget plan needs them")
     if policies is None:
         policies = get_framework(framework).default_menu()
-    chain = get_framework(framework).planner_chain(cfg, batch, seq, tuple(policies))
+    chain = get_framework(framework).planner_chain(cfg, batch, seq, tuple(policies), cost)
     n = cfg.n_layer
     if predicted_none is None:
         predicted_none = chain["fixed_bytes"] + chain_costs(chain["options_per_block"], [(n, "store")],
@@ -210,7 +231,7 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
     last = None
     for _ in range(MAX_ATTEMPTS):
         try:
-            plan, pred = _choose(request, chain, n, target, min_checkpoint_length)
+            plan, pred = choose_plan(request, chain, n, target, min_checkpoint_length, cost)
         except NoPlanFits as exc:
             if not attempts:
                 need = exc.min_peak_bytes + offset
@@ -242,4 +263,5 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
         error = measured - raw
         target = budget - max(offset, error) if error > offset else target - (measured - budget)
         offset = max(offset, error)
-    return Resolution(last[0], last[1], budget, tuple(attempts), none_offset)
+    times = times_table(chain["option_times"]) if cost == "time" else None
+    return Resolution(last[0], last[1], budget, tuple(attempts), none_offset, cost, times)

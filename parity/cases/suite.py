@@ -70,6 +70,8 @@ class SuiteConfig:
         modes: the (framework, mode) pairs to run, a subset of
             :func:`parity.runners.framework.framework_modes` (None: all of them; ``python -m parity plan``
             runs each framework's measured mode only).
+        planner_cost: what budget plans minimize: ``"flops"`` (recompute FLOPs) or ``"time"`` (each block
+            option's measured time, :func:`jaxremat.spec.planner.plan_for_budget`'s ``cost``).
 
     Raises:
         ValueError: a plan name that does not parse.
@@ -84,6 +86,7 @@ class SuiteConfig:
     timing_repeats: int = 5
     seed: int = 0
     modes: tuple[tuple[str, str], ...] | None = None
+    planner_cost: str = "flops"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plans", tuple(parse_case_plan(p) for p in self.plans))
@@ -210,7 +213,8 @@ class _SuiteCases:
             return _Planned(r, self._run(framework, mode, r.plan, again=False))
         B, T = self.suite.preset.batch_size, self.suite.preset.seq_len
         r = resolve(plan, framework, self.cfg, B, T, self.refs[(framework, mode)],
-                    lambda p: self._run(framework, mode, p, again=False))
+                    lambda p: self._run(framework, mode, p, again=False),
+                    cost=self.suite.planner_cost)
         self.resolved[key] = r
         return _Planned(r, r.result)
 
@@ -245,7 +249,8 @@ def _attach_budget(case: dict, framework: str, cfg, B: int, T: int, r, res: RunR
                sum(t.bytes for t in spec.load("activation_account").outside_tensors(framework, cfg, B, T)))
     measured = res.memory.peak_activation_bytes
     case.update(budget_bytes=r.budget_bytes, budget_offset_bytes=r.offset_bytes, budget_attempts=list(r.attempts),
-                planned_recompute_flops=last["recompute_flops"],
+                planned_recompute_flops=last["recompute_flops"], planner_cost=r.cost,
+                planned_step_time_s=last.get("predicted_stack_step_time_s"), option_times=r.option_times,
                 predicted_saved_bytes=None if outside is None else outside + last["predicted_stack_saved_bytes"],
                 predicted_peak_activation_bytes=last["predicted_peak_activation_bytes"],
                 peak_activation_bytes=measured, within_budget=measured is not None and measured <= r.budget_bytes)

@@ -16,7 +16,7 @@ import os
 import statistics
 from typing import Sequence
 
-__all__ = ["MEASURE_COMMAND", "RatioSpread", "load_average_1min", "paired_ratios", "ratio_spread"]
+__all__ = ["MEASURE_COMMAND", "RatioSpread", "load_average_1min", "paired_ratios", "ratio_between", "ratio_spread"]
 
 MEASURE_COMMAND = "python scripts/bench_overhead.py"
 """The benchmark that measures remat's time overhead with spread (docs/time.md)."""
@@ -88,3 +88,23 @@ def load_average_1min() -> float | None:
         return round(os.getloadavg()[0], 2)
     except (OSError, AttributeError):
         return None
+
+
+def ratio_between(ratio: float, ratio_range, other: float, other_range) -> RatioSpread:
+    """``ratio / other`` of two step-time ratios to the same reference (e.g. two plans' time over ``none``'s),
+    its spread the widest their ranges allow: ``[low / other's high, high / other's low]``.
+
+    Without both ranges it counts one round, so :attr:`RatioSpread.noise` is True: a comparison whose
+    spread is unknown decides nothing.
+
+    Raises:
+        ValueError: a ratio or a range bound that is not positive.
+    """
+    if not ratio > 0 or not other > 0:
+        raise ValueError(f"time ratios must be positive, got {ratio!r} and {other!r}")
+    if not ratio_range or not other_range:
+        return RatioSpread(ratio / other, ratio / other, ratio / other, 1)
+    (lo, hi), (olo, ohi) = (tuple(map(float, r)) for r in (ratio_range, other_range))
+    if min(lo, hi, olo, ohi) <= 0:
+        raise ValueError(f"time ratio ranges must be positive, got {ratio_range!r} and {other_range!r}")
+    return RatioSpread(ratio / other, lo / ohi, hi / olo, 2)

@@ -2,14 +2,16 @@
 
 For each budget (``--budget 50%``: of ``none``'s measured peak activation bytes in each
 framework; or bytes, ``--budget 12MiB``) the suite runs three cases per framework -- ``none``,
-``budget(BUDGET)`` (the planner) and ``best_uniform(BUDGET)`` (the uniform plan of least recompute
-that fits) -- through the one case loop (:mod:`parity.cases.budget_plan`), JAX under ``jit`` and
+``budget(BUDGET)`` (the planner) and ``best_uniform(BUDGET)`` (the uniform plan of least cost
+that fits; ``--cost time``, the default for a GPT: each block option's measured time, ``--cost flops``: the
+recompute FLOPs) -- through the one case loop (:mod:`parity.cases.budget_plan`), JAX under ``jit`` and
 PyTorch eager: gradients and trained weights checked byte for byte against ``none``, saved and
 peak activation bytes measured beside the prediction. ``--frontier`` sweeps budgets (10%..100%
 by default) and adds PyTorch's compiler-assisted remat, ``torch.compile`` with
 ``torch._functorch.config.activation_memory_budget`` at the same fractions
 (:mod:`torchref.compiled`; :meth:`parity.runners.framework.Framework.compiler_budget_points`), then writes
-``frontier.png`` (recompute against measured peak activation).
+``frontier.png`` (recompute and measured step time, with its range, against measured peak activation).
+Each row says which plan to use (:mod:`parity.cli.plan_choice`; a time ratio marked noise never decides).
 
 Writes ``plan.json`` (the suite report plus ``plan_rows``, one row per framework and budget, and
 ``compiled`` points), ``plan.md``, ``report.html`` (:mod:`parity.report.html`), and with ``--frontier`` ``frontier.png``. Exit codes: 0 every
@@ -29,7 +31,7 @@ from rich.console import Console
 from rich.text import Text
 
 from jaxremat.models import get_model
-from jaxremat.spec.planner import parse_budget
+from jaxremat.spec.planner import COSTS, parse_budget
 
 from parity.cases.suite import SuiteConfig, run_suite
 from parity.checks.timing import MEASURE_COMMAND
@@ -37,6 +39,7 @@ from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.cli.budget import check_fits, run_estimate
 from parity.cli.checks import out_path, unique_items
+from parity.cli.plan_choice import choose, options_markdown, time_vs_uniform
 from parity.cli.command import checked, claimed, make_console
 from parity.cli.util import ascii_int
 from parity.inputs.model_preset import with_shape
@@ -51,18 +54,22 @@ from parity.report.suite_report import markdown as suite_markdown
 from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, get_framework
 
 PLAN_FILES = ("plan.json", "plan.md", "frontier.png", HTML_NAME)
+TIMED_FAMILIES = ("gpt",)
+"""Model families whose block options the frameworks time (``planner_chain(..., cost="time")``)."""
 KINDS = ("budget", "best_uniform")
 """The two cases of each budget: the planner's plan, the best uniform plan (:mod:`parity.cases.budget_plan`)."""
 DEFAULT_FRONTIER = tuple(f"{p}%" for p in range(10, 101, 10))
-PLAN_SCHEMA_VERSION = 2
-"""plan.json schema: 2 names the planner's cases ``budget(50%)`` (1: ``plan(50%)``), reads the plan of a case
-from ``plan`` (report.json schema 6) and names each ``compiled`` point's ``framework``."""
+PLAN_SCHEMA_VERSION = 3
+"""plan.json schema: 3 adds to each plan row ``cost`` (``time`` or ``flops``), ``option_times`` (the measured
+block options, ms), each plan's ``predicted_step_time_s``, ``time_vs_uniform``, ``choice`` and ``choice_reason``;
+2 names the planner's cases ``budget(50%)`` (1: ``plan(50%)``), reads the plan of a case from ``plan``
+(report.json schema 6) and names each ``compiled`` point's ``framework``."""
 
 
 def add_parser(sub) -> None:
     """Register the ``plan`` subcommand on an argparse subparsers object."""
     p = sub.add_parser("plan", help="the planner's plan for a memory budget, measured in JAX and PyTorch",
-                       description="Plan the least-recompute remat plan within a budget of peak activation memory, "
+                       description="Plan the remat plan of least measured time (or recompute) within a budget of peak activation memory, "
                        "run it beside none and the best uniform plan in JAX and PyTorch, and write plan.json/plan.md.")
     p.add_argument("--budget", default="50%",
                    help="the budget: a percentage of none's measured peak activation bytes (50%%) or bytes with a "
@@ -73,6 +80,10 @@ def add_parser(sub) -> None:
     p.add_argument("--inductor", action="store_true",
                    help="compile the torch.compile points with inductor (minutes per budget here) instead of "
                    "aot_eager_decomp_partition (the same partitioner, seconds)")
+    p.add_argument("--cost", choices=COSTS, default=None,
+                   help="what the planner (and the best uniform plan) minimize: time, each block option's forward and "
+                   "backward time measured once per shape in each framework (the default for a GPT), or flops, the "
+                   "recompute FLOPs (the default for a model whose blocks are not timed)")
     p.add_argument("--model", default="gpt-small",
                    help="model preset: " + ", ".join(PRESETS) + " (budget plans run dropout 0; --frontier: a GPT one)")
     p.add_argument("--batch-size", type=ascii_int, default=None, help="B, sequences per step (default: the model's)")
@@ -110,6 +121,10 @@ def plan_suite_from_args(args):
         raise ValueError(f"--frontier: its torch.compile points are measured on the GPT; --model {args.model} is "
                          f"{preset.config.arch!r} (give --budget without --frontier, or a GPT preset: "
                          f"{', '.join(n for n, q in PRESETS.items() if q.config.arch == 'gpt')})")
+    cost = args.cost or ("time" if preset.config.arch in TIMED_FAMILIES else "flops")
+    if cost == "time" and preset.config.arch not in TIMED_FAMILIES:
+        raise ValueError(f"--cost time: block options are timed for the {', '.join(TIMED_FAMILIES)} family only; "
+                         f"--model {args.model} is {preset.config.arch!r}: give --cost flops")
     # budget plans are planned from menus measured without dropout: a preset's other rates are left out
     preset = dataclasses.replace(preset, dropouts=None, eager_dropouts=None, config=preset.config.replace(dropout=0.0))
     if args.repeats is not None and args.repeats < 1:
@@ -119,7 +134,7 @@ def plan_suite_from_args(args):
                              kept_cases=len(frameworks) * (len(plans) + 1)), "this plan run")
     suite = SuiteConfig(name="plan", preset=preset, plans=plans, frameworks=frameworks,
                         timing_repeats=args.repeats or preset.repeats or 5,
-                        modes=tuple((f, FRAMEWORKS[f].measured_mode) for f in frameworks),
+                        modes=tuple((f, FRAMEWORKS[f].measured_mode) for f in frameworks), planner_cost=cost,
                         **({"hparams": preset.hparams} if preset.hparams is not None else {}))
     suite.plan_list()
     cc.check_platforms(frameworks)
@@ -135,7 +150,8 @@ def plan_rows(report: dict, budgets) -> list[dict]:
             p, u = (by.get((fw, f"{kind}({b})")) for kind in KINDS)
             if p is None:
                 continue
-            row = {"framework": fw, "budget": b, "budget_bytes": p.get("budget_bytes")}
+            row = {"framework": fw, "budget": b, "budget_bytes": p.get("budget_bytes"), "cost": p.get("planner_cost"),
+                   "option_times": p.get("option_times")}
             for key, c in (("planner", p), ("uniform", u)):
                 row[key] = None if c is None else {
                     "status": c["status"], "plan": c.get("resolved_plan"), "error": c.get("error"),
@@ -145,11 +161,15 @@ def plan_rows(report: dict, budgets) -> list[dict]:
                     "within_budget": c.get("within_budget"), "grads_bitwise_equal": c.get("grads_bitwise_equal"),
                     "weights_bitwise_equal": c.get("weights_bitwise_equal"),
                     "recompute_flops": c.get("planned_recompute_flops"), "time_overhead": c.get("time_overhead"),
-                    "time_overhead_range": c.get("time_overhead_range"), "attempts": len(c.get("budget_attempts") or [])}
+                    "time_overhead_range": c.get("time_overhead_range"), "attempts": len(c.get("budget_attempts") or []),
+                    "predicted_step_time_s": c.get("planned_step_time_s")}
             pf = (row["planner"] or {}).get("recompute_flops")
             uf = (row["uniform"] or {}).get("recompute_flops")
             row["recompute_vs_uniform"] = (None if pf is None or uf is None else
                                            "less" if pf < uf else "equal" if pf == uf else "more")
+            t = time_vs_uniform(row)
+            row["time_vs_uniform"] = None if t is None else t.as_dict()
+            row["choice"], row["choice_reason"] = choose(row)
             rows.append(row)
     return rows
 
@@ -185,8 +205,8 @@ def _mflop(n) -> str:
     return "-" if n is None else f"{n / 1e6:.1f} M"
 
 
-COLUMNS = ("framework", "budget", "budget bytes", "who", "plan", "status", "grads bitwise", "peak act pred",
-           "peak act", "within", "recompute FLOPs", "time/none", "tries")
+COLUMNS = ("framework", "budget", "budget bytes", "cost", "who", "plan", "status", "grads bitwise", "peak act pred",
+           "peak act", "within", "recompute FLOPs", "stack ms pred", "time/none", "chosen", "tries")
 
 
 TIME_NOTE = f"step times here are a few steps, not interleaved; measure the overhead with `{MEASURE_COMMAND}`"
@@ -199,12 +219,14 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
             c = r[who]
             if c is None:
                 continue
-            out.append([r["framework"], r["budget"], fmt_bytes(r["budget_bytes"]), who,
+            pred_s = c.get("predicted_step_time_s")
+            out.append([r["framework"], r["budget"], fmt_bytes(r["budget_bytes"]), r.get("cost") or "flops", who,
                         c["plan"] or _short_error(c["error"]), c["status"], fmt_bit(c["grads_bitwise_equal"]),
                         fmt_bytes(c["predicted_peak_activation_bytes"]), fmt_bytes(c["peak_activation_bytes"]),
                         fmt_bit(c["within_budget"]), _mflop(c["recompute_flops"]),
+                        "-" if pred_s is None else f"{1e3 * pred_s:.1f}",
                         fmt_time_ratio(c["time_overhead"], c.get("time_overhead_range")),
-                        str(c["attempts"])])
+                        "yes" if r.get("choice") == who else "", str(c["attempts"])])
     return out
 
 
@@ -234,12 +256,19 @@ def markdown(report: dict) -> str:
     """plan.md: the plan rows, the torch.compile points, the frontier plot, then the suite report of every case."""
     parts = [f"# Remat plans for a memory budget: {report['model']}", "",
              "Each budget is a percentage of `none`'s measured peak activation bytes in the same framework (or "
-             "bytes). `planner`: the least-recompute plan of the planner's space predicted to fit, run and measured "
+             "bytes). `planner`: the plan of least cost (`cost`) in the planner's space predicted to fit, run and measured "
              "(re-planned with the target lowered by the overshoot when the measurement exceeds the budget: "
-             "`tries`); `uniform`: the uniform plan of least recompute predicted to fit, measured the same way. "
+             "`tries`); `uniform`: the uniform plan of least cost predicted to fit, measured the same way. "
              "Recompute FLOPs are the menu's (XLA's cost analysis in JAX, FlopCounterMode in PyTorch). "
-             f"`time/none` is `noise` where its range is wider than its distance from 1 ({TIME_NOTE}).", "",
-             md_table(COLUMNS, table_rows(report["plan_rows"]))]
+             "`cost`: what both plans minimize (`time`: the blocks' measured times, `stack ms pred` their sum "
+             "for the plan; `flops`: the recompute FLOPs). "
+             f"`time/none` is `noise` where its range is wider than its distance from 1 ({TIME_NOTE}). `chosen`: "
+             "the plan to use (`parity.cli.plan_choice.choose`: the planner's, unless its case failed or it measured "
+             "slower than the uniform plan beyond the noise; a noise ratio decides nothing).", "",
+             md_table(COLUMNS, table_rows(report["plan_rows"])), "",
+             *[f"- {r['framework']} {r['budget']}: {r.get('choice')} ({r.get('choice_reason')})"
+               for r in report["plan_rows"]],
+             *options_markdown(report["plan_rows"])]
     if report.get("compiled"):
         parts += ["", "## torch.compile with activation_memory_budget (PyTorch's own compiler-assisted remat)", "",
                   "Random ops are never recomputed (`torchref.compiled_random`: below 1.0 torch's own partition "
@@ -254,7 +283,8 @@ def markdown(report: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-TERMINAL_COLUMNS = ("framework", "budget", "who", "plan", "status", "grads bitwise", "peak act", "within", "time/none")
+TERMINAL_COLUMNS = ("framework", "budget", "who", "plan", "status", "grads bitwise", "peak act", "within", "time/none",
+                    "chosen")
 """The plan table's columns on the terminal without ``--wide`` (a subset of :data:`COLUMNS`)."""
 
 

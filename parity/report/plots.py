@@ -137,6 +137,15 @@ def write_plots(report: dict, out_dir: Path) -> dict[str, str]:
     return files
 
 
+def _time_errors(cases: list[dict]) -> list[list[float]]:
+    """Error bars of step-time ratios: the distance from each ratio down to and up to its measured range."""
+    lo = [max(0.0, c["time_overhead"] - c["time_overhead_range"][0]) if c.get("time_overhead_range") else 0.0
+          for c in cases]
+    hi = [max(0.0, c["time_overhead_range"][1] - c["time_overhead"]) if c.get("time_overhead_range") else 0.0
+          for c in cases]
+    return [lo, hi]
+
+
 def plot_budget_frontier(report: dict, path: Path) -> Path:
     """``python -m parity plan --frontier``: recompute FLOPs and step-time ratio against measured peak
     activation bytes, one point per budget: the planner's plan, the best uniform plan, and (PyTorch)
@@ -158,8 +167,8 @@ def plot_budget_frontier(report: dict, path: Path) -> Path:
             axes[0].plot([c["peak_activation_bytes"] / 2**20 for c in pts], [c["recompute_flops"] / 1e6 for c in pts],
                          **style)
             timed = [c for c in pts if c.get("time_overhead") is not None]
-            axes[1].plot([c["peak_activation_bytes"] / 2**20 for c in timed], [c["time_overhead"] for c in timed],
-                         **style)
+            axes[1].errorbar([c["peak_activation_bytes"] / 2**20 for c in timed], [c["time_overhead"] for c in timed],
+                             yerr=_time_errors(timed), capsize=2, **style)
     comp = sorted((p for p in report.get("compiled") or [] if not p.get("error") and p.get("peak_activation_bytes")),
                   key=lambda p: p["peak_activation_bytes"])
     if comp:
@@ -179,12 +188,14 @@ def plot_budget_frontier(report: dict, path: Path) -> Path:
         axes[0].scatter([p["peak_activation_bytes"] / 2**20 for p in wrong], [p["recompute_flops"] / 1e6 for p in wrong],
                         marker="X", color="0.6", label="torch.compile: gradients wrong vs eager none (not an option)")
     axes[0].set_ylabel("recompute per step (MFLOP)")
-    axes[1].set_ylabel("step time / none's step time (measured)")
+    axes[1].set_ylabel("step time / none's step time (measured; bars: range)")
     for ax in axes:
         ax.set_xlabel("peak activation bytes of one step (MiB, measured)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"remat plans for a memory budget: {report.get('model')}")
+    costs = sorted({r["cost"] for r in report["plan_rows"] if r.get("cost")})
+    fig.suptitle(f"remat plans for a memory budget: {report.get('model')}"
+                 + (f" (planned on {' and '.join(costs)})" if costs else ""))
     return _save(fig, path)
 
 

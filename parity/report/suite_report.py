@@ -205,10 +205,11 @@ CASE_COLUMNS: tuple[Column, ...] = (
            "the chain model's peak units (segments + longest segment) over `none`'s"),
     Column("recomputed", "recomputed_blocks", str, "block forwards recomputed per step"),
     Column("step ms", "step_time_s", _ms),
-    Column("time/none", "time_overhead", fmt_ratio, "median step time over `none`'s"),
+    Column("time/none", lambda c: _time(c, with_range=False), str,
+           "median step time over `none`'s; `noise` where its range is wider than its distance from 1"),
     Column("time/none range", "time_overhead_range", fmt_range,
            "the lowest and highest ratio any pair of timed steps gives (min over `none`'s max to max over `none`'s "
-           "min): a range that holds 1.00 is noise at these repeats"),
+           "min): a range wider than the ratio's distance from 1.00 is noise at these repeats"),
 )
 """The case table of report.md and the terminal, one :class:`Column` per column (docs/extending.md: adding one)."""
 
@@ -226,15 +227,16 @@ def _bitwise(c: dict) -> str:
     return "NO" + (f" {c['max_ulp']} ULP" if c.get("max_ulp") is not None else "")
 
 
-def _time(c: dict) -> str:
+def _time(c: dict, with_range: bool = True) -> str:
     """Step time over ``none``'s with its range; ``noise (...)`` where the range is wider than the distance from 1
-    (:func:`parity.report.format.fmt_time_ratio`); ``none``'s own row shows its range only."""
+    (:func:`parity.report.format.fmt_time_ratio`; ``with_range=False``: ``1.27`` or ``noise``, for a table with a
+    range column of its own); ``none``'s own row shows its range only."""
     t, r = c.get("time_overhead"), c.get("time_overhead_range")
     if t is None:
         return "-"
     if c.get("plan") == "none":
-        return f"{t:.2f}" + (f" [{r[0]:.2f}-{r[1]:.2f}]" if r else "")
-    return fmt_time_ratio(t, r)
+        return f"{t:.2f}" + (f" [{r[0]:.2f}-{r[1]:.2f}]" if r and with_range else "")
+    return fmt_time_ratio(t, r, with_range)
 
 
 TERMINAL_COLUMNS: tuple[Column, ...] = (
@@ -284,9 +286,9 @@ def verdict(report: dict) -> str:
         parts.append(f"JAX vs PyTorch within tolerance in {sum(bool(x['ok']) for x in cross)} of {len(cross)}")
     timed = [c for c in cases if c.get("time_overhead_range") and c["plan"] != "none"]
     if timed:
-        resolved = sum(not (r[0] <= 1.0 <= r[1]) for r in (c["time_overhead_range"] for c in timed))
+        resolved = sum(fmt_time_ratio(c["time_overhead"], c["time_overhead_range"], False) != "noise" for c in timed)
         rest = len(timed) - resolved
-        parts.append(f"timing: {resolved} of {len(timed)} time/none ratios lie outside the run-to-run spread"
+        parts.append(f"timing: {resolved} of {len(timed)} time/none ratios are wider from 1 than their range"
                      + (f" (the other {rest} {'is' if rest == 1 else 'are'} noise at these repeats)" if rest else ""))
     return f"**Verdict: {head}** - " + "; ".join(parts) + "."
 

@@ -216,8 +216,10 @@ class Framework(Protocol):
     def block_saved(self, cfg: "TransformerConfig", batch: int, seq: int) -> list[tuple[tuple, str, int]]:
         """``[(shape, dtype, bytes)]`` of what one block saves without remat, in order."""
 
-    def planner_chain(self, cfg: "TransformerConfig", batch: int, seq: int, policies: tuple) -> dict:
-        """The per-block option chain of the planner (:func:`jaxremat.spec.planner.plan_chain`'s input)."""
+    def planner_chain(self, cfg: "TransformerConfig", batch: int, seq: int, policies: tuple, cost: str = "flops") -> dict:
+        """The per-block option chain of the planner (:func:`jaxremat.spec.planner.plan_chain`'s input); with
+        ``cost="time"`` every option's measured time set and ``option_times`` added (the GPT family only:
+        ValueError for another), measured once per model, shape and option in a process."""
 
     def default_menu(self) -> tuple:
         """The planner's default checkpoint options in this framework."""

@@ -21,6 +21,7 @@ from jaxremat.block_memory import block_residuals
 from jaxremat.encoder import encode
 from jaxremat.memory import gpu_available
 from jaxremat.models import TransformerConfig, init_params
+from jaxremat.block_time import timed_chain
 from jaxremat.planner import DEFAULT_MENU, model_chain
 from jaxremat.spec.plan import RematPlan
 from jaxremat.spec.policies import Policy
@@ -95,9 +96,9 @@ class JaxFramework:
         """``[(shape, dtype, bytes)]`` of one block's saved residuals without remat."""
         return [(r.shape, r.dtype, r.bytes) for r in block_residuals(cfg, batch, seq)]
 
-    def planner_chain(self, cfg: TransformerConfig, batch: int, seq: int, policies: tuple) -> dict:
-        """:func:`jaxremat.planner.model_chain`."""
-        return model_chain(cfg, batch, seq, policies)
+    def planner_chain(self, cfg: TransformerConfig, batch: int, seq: int, policies: tuple, cost: str = "flops") -> dict:
+        """:func:`jaxremat.planner.model_chain`; with ``cost="time"``, :func:`jaxremat.block_time.timed_chain`."""
+        return timed_chain(cfg, batch, seq, policies) if cost == "time" else model_chain(cfg, batch, seq, policies)
 
     def default_menu(self) -> tuple:
         """:data:`jaxremat.planner.DEFAULT_MENU`."""

@@ -22,6 +22,7 @@ from torchref.compiled import measure_compiled
 from torchref.compiled_random import compiled_problem
 from torchref.encoder import Encoder
 from torchref.model import GPT
+from torchref.block_time import timed_chain
 from torchref.planner import DEFAULT_MENU, model_chain
 from torchref.render import model_loss
 
@@ -94,9 +95,9 @@ class TorchFramework:
         """``[(shape, dtype, bytes)]`` of what one block saves without remat (saved-tensor hooks)."""
         return [(tuple(r["shapes"][0]), r["dtype"], r["bytes"]) for r in block_saved(cfg, batch, seq)]
 
-    def planner_chain(self, cfg: TransformerConfig, batch: int, seq: int, policies: tuple) -> dict:
-        """:func:`torchref.planner.model_chain`."""
-        return model_chain(cfg, batch, seq, policies)
+    def planner_chain(self, cfg: TransformerConfig, batch: int, seq: int, policies: tuple, cost: str = "flops") -> dict:
+        """:func:`torchref.planner.model_chain`; with ``cost="time"``, :func:`torchref.block_time.timed_chain`."""
+        return timed_chain(cfg, batch, seq, policies) if cost == "time" else model_chain(cfg, batch, seq, policies)
 
     def default_menu(self) -> tuple:
         """:data:`torchref.planner.DEFAULT_MENU`."""

@@ -181,3 +181,21 @@ def test_closed_over_value_gradient_bitwise_in_the_reverse_loop_not_always_with_
     assert bits.equal(_call("jit", loss(every_k(2)), scale, ws), _call("jit", loss(none), scale, ws))
     got, ref = _call("jit", loss(every_k(2), method="checkpoint"), scale, ws), _call("jit", loss(none), scale, ws)
     assert 0 < bits.max_ulp(got, ref) <= 64 and _rel(got, ref) < 1e-6
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion emitters")
+def test_xla_cpu_rounds_a_multiply_add_by_its_fusion(bits):
+    """Why a user's block can round apart under jit with jax 0.12 (tests/jaxremat/test_flax_api*.py's
+    ``fma_xfail``): XLA:CPU computes ``x * s + b`` with one rounding (FMA) in an elementwise fusion; fused
+    with a transpose it rounds once with jax 0.10.2 and twice with jax 0.12.0.1. A forward pass and a
+    recompute fused differently then hold values 1 ULP apart, and a gradient reading them moves."""
+    x = np.asarray(jax.random.normal(jax.random.key(1), (2, 8, 16)), np.float32)
+    s = np.asarray(1 + 0.1 * jax.random.normal(jax.random.key(3), (16,)), np.float32)
+    b = np.asarray(0.1 * jax.random.normal(jax.random.key(4), (16,)), np.float32)
+    once = (x.astype(np.float64) * s + b).astype(np.float32)  # exact product and sum, one rounding
+    twice = x * s + b  # numpy float32: the product rounded, then the sum
+    assert (once != twice).sum() > 0.1 * x.size  # these inputs tell the two apart
+    plain = np.asarray(jax.jit(lambda x, s, b: x * s + b)(x, s, b))
+    transposed = np.asarray(jax.jit(lambda x, s, b: (x * s + b).swapaxes(1, 2))(x, s, b)).swapaxes(1, 2)
+    assert bits.equal(plain, once)
+    assert bits.equal(transposed, once if jax.__version_info__ < (0, 12) else twice)

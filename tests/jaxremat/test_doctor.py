@@ -19,6 +19,10 @@ import jaxremat
 from jaxremat.doctor import PROBLEM_KINDS
 from jaxremat.doctor.__main__ import load_target
 
+# jaxremat.doctor refuses jax_remat3 (test_doctor_parts.py checks its one-line error)
+pytestmark = pytest.mark.skipif(jax.config.jax_remat3, reason="jaxremat.doctor refuses jax_remat3: its jax.checkpoint "
+                                "is another primitive, whose regions the doctor cannot see")
+
 CORPUS = pathlib.Path(__file__).resolve().parent / "doctor_corpus"
 COMPILED = {("jax_scan", "correct"), ("jax_scan", "python_loop"), ("jax_scan", "whole_stack"),
             ("renderers", "one_segment_loop")}
@@ -31,6 +35,7 @@ def expected(path: pathlib.Path) -> dict:
     return module.EXPECTED
 
 
+PYTHON_LOOP_MERGED = expected(CORPUS / "jax_scan.py")["python_loop"] == "remat-not-surviving"  # jaxlib < 0.12
 CASES = [(path.stem, name, kind) for path in sorted(CORPUS.glob("*.py")) for name, kind in expected(path).items()]
 
 
@@ -51,6 +56,7 @@ def test_compiled_steps_cover_every_compiled_kind():
     kinds = {kind for form, name, kind in CASES if (form, name) in COMPILED}
     assert kinds == {None, "remat-not-surviving"}
     assert all((f, n) in COMPILED for f, n, kind in CASES if kind == "remat-not-surviving")
+    assert ("jax_scan", "python_loop") in COMPILED  # flagged under jaxlib 0.10, checked clean under 0.12
 
 
 @pytest.mark.parametrize("form, name, kind", CASES, ids=[f"{f}:{n}" for f, n, _ in CASES])
@@ -87,13 +93,17 @@ def test_doctor_correct_scan_keeps_its_tag_and_realizes_the_saving():
     assert "save_only_these_names('mlp_in')" in text and "scan(4)" in text and "0 problems" in text
 
 
-def test_doctor_python_loop_is_one_region_of_four_calls_that_xla_merges():
+def test_doctor_python_loop_is_one_region_of_four_calls_merged_by_xla_0_10_kept_by_0_12():
     d = diagnose("jax_scan", "python_loop")
     (region,) = d.regions
     assert region.calls == 4 and region.position == ()
-    assert region.compiled_saving_bytes < 0.4 * region.promised_saving_bytes
-    assert d.compiled["dots_after"] < d.compiled["dots_before"]
-    assert "merged the recompute" in d.problems[0].message
+    if PYTHON_LOOP_MERGED:  # jaxlib 0.10.2: the recompute merged into the forward pass, flagged
+        assert region.compiled_saving_bytes < 0.4 * region.promised_saving_bytes
+        assert d.compiled["dots_after"] < d.compiled["dots_before"]
+        assert "merged the recompute" in d.problems[0].message
+    else:  # jaxlib 0.12.0.1: every recompute kept and the saving realized, so nothing to report
+        assert region.compiled_saving_bytes >= 0.4 * region.promised_saving_bytes > 0
+        assert d.compiled["dots_after"] == d.compiled["dots_before"] and d.problems == ()
 
 
 def test_doctor_sees_the_batched_region_under_vmap_and_offloads_in_host_memory():

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
+import jaxremat
 from jaxremat.doctor.diagnosis import Diagnosis, Problem, format_bytes
 from jaxremat.doctor.policy_probe import describe_policy, policy_names, region_answers
 from jaxremat.doctor.regions import region_calls
@@ -42,6 +43,8 @@ def test_region_answers_count_batched_products_and_offload_destinations():
     assert offload.offload_dsts == {"unpinned_host"} and offload.kept_ops == 1
 
 
+@pytest.mark.skipif(jax.config.jax_remat3, reason="the doctor's regions are JAX's default jax.checkpoint; "
+                    "under jax_remat3 it records none (and jaxremat.doctor refuses the flag)")
 def test_region_calls_count_recomputes_through_scans_and_loops():
     def loss(w, x):
         body = jax.checkpoint(lambda h, wi: (jnp.tanh(h @ wi), None))
@@ -51,6 +54,16 @@ def test_region_calls_count_recomputes_through_scans_and_loops():
     traced, regions = trace_program(jax.grad(loss), (jnp.ones((2, 3, 4, 4)), jnp.ones((5, 4))))
     assert [r.position for r in regions] == [("scan(2)", "scan(3)"), ()]
     assert region_calls(traced.jaxpr) == {0: 6, 1: 1}
+
+
+def test_doctor_under_jax_remat3_is_one_clear_error():
+    previous = jax.config.jax_remat3
+    jax.config.update("jax_remat3", True)
+    try:
+        with pytest.raises(ValueError, match=r"jax_remat3 is on: diagnose with it off \(jax.config.update"):
+            jaxremat.doctor(lambda x: jnp.sum(jax.checkpoint(jnp.sin)(x)), jnp.ones(3), compile=False)
+    finally:
+        jax.config.update("jax_remat3", previous)
 
 
 def test_format_bytes_and_problem_lines():

@@ -9,6 +9,10 @@ import sys
 import jax
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The docs print what XLA:CPU of jax 0.10 gives (the README's install); another backend or JAX compiles to
+# other sizes, so there the examples are checked for their shape only (jax 0.12.0.1: another budget plan, the
+# 24-layer estimates 4-14% lower; docs/usage.md "JAX versions").
+PRINTED_HERE = jax.default_backend() == "cpu" and jax.__version_info__ < (0, 11)
 
 
 def readme_block(heading: str, doc: str = "README.md") -> str:
@@ -51,7 +55,7 @@ def test_readme_budget_example_fits_the_stack_in_one_call_as_printed():
     assert out.returncode == 0, out.stderr
     words = out.stdout.split()
     assert words[0].startswith("plan(") and words[1:] == ["True", "True"], out.stdout + out.stderr
-    if jax.default_backend() == "cpu":  # the README prints XLA:CPU's plan
+    if PRINTED_HERE:  # the README prints XLA:CPU's plan
         assert _printed_after(code) == out.stdout, "README's printed output is stale"
 
 
@@ -85,7 +89,7 @@ def test_estimate_example_is_the_example_file_and_prints_four_plans_in_order_of_
     peak = {r[0]: float(r[2]) for r in rows}
     assert peak["none"] > peak["sqrt"] > peak["every_k(2)"] > peak["full"] > 12.0  # 12 GiB: parameters and gradients
     printed = (ROOT / "docs" / "real-sizes.md").read_text().split(code, 1)[1].split("```\n", 3)[2]
-    if jax.default_backend() == "cpu":  # the page prints XLA:CPU's figures
+    if PRINTED_HERE:  # the page prints XLA:CPU's figures
         assert printed == out.stdout, "docs/real-sizes.md's printed output is stale"
 
 

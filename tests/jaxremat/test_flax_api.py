@@ -1,6 +1,7 @@
 """jaxremat.flax on a user-style block that is not our transformer: an MLP-Mixer block with dropout.
 
-What these tests pin down (XLA:CPU, jax 0.10.2, flax 0.12.8):
+What these tests pin down (XLA:CPU, jax 0.10.2, flax 0.12.8; with jax 0.12.0.1 the jit cases marked
+``fma_xfail`` round apart, see its docstring):
 
 * ``remat_stack(stack, x, "none")`` is the same model as a plain ``nnx.scan`` over the stacked
   layers: same loss and gradient bits, same RNG counters afterwards.
@@ -97,9 +98,24 @@ def _assert_same(a, b, bits):
 
 SCHEDULES = [("full", None), ("every_k(2)", None), ("sqrt", None), ("segments(3)", None), ("full", SAVE_DOTS)]
 IDS = ["full", "every_k(2)", "sqrt", "segments(3)", "full+save_dots"]
-# under jit every schedule is bitwise, every_k(2)'s 1-layer remainder included (the reverse
+
+
+def fma_xfail(max_ulp: int):
+    """jax 0.12.0.1's XLA:CPU rounds a multiply-add once (FMA) in some fusions and twice in others and fuses
+    this block's forward pass and its recompute differently (the residual adds after dropout's scaling):
+    the gradients move by up to ~6e-7 of their largest entry, ``max_ulp`` at an entry near zero.
+    ``lax.optimization_barrier`` on the two dropout outputs makes each case bitwise but ``full+save_dots``
+    (128 ULP left); jax 0.10.2 is bitwise without. Strict: the mark fails once the case is bitwise again."""
+    return pytest.mark.xfail(jax.__version_info__ >= (0, 12), strict=True, reason=(
+        f"jax 0.12.0.1 XLA:CPU rounds a multiply-add of the block once (FMA) in one of the forward pass and the "
+        f"recompute and twice in the other: max {max_ulp} ULP (docs/usage.md, JAX versions)"))
+
+
+# under jit every schedule is bitwise with jax 0.10.2, every_k(2)'s 1-layer remainder included (the reverse
 # segment loop runs no loop of trip count 1; see docs/framework-differences.md section 1)
-JIT = [pytest.param(*s, id=i, marks=pytest.mark.jaxremat_slow if i in ("segments(3)", "full+save_dots") else ())
+JIT_ULP_JAX_0_12 = {"full": 54318, "every_k(2)": 97027, "segments(3)": 21550, "full+save_dots": 49152}
+JIT = [pytest.param(*s, id=i, marks=[*([pytest.mark.jaxremat_slow] if i in ("segments(3)", "full+save_dots") else []),
+                                     *([fma_xfail(JIT_ULP_JAX_0_12[i])] if i in JIT_ULP_JAX_0_12 else [])])
        for s, i in zip(SCHEDULES, IDS)]
 # op by op each schedule dispatches thousands of small ops: at N=5 they run with
 # JAXREMAT_SLOW_TESTS=1; by default every_k(2) (a 2-layer segment plus a 1-layer one) runs at N=3.
@@ -190,6 +206,7 @@ def test_error_unknown_policy_name():
 # ---------------------------------------------------------------- the module wrapper, nnx transforms
 
 
+@fma_xfail(752)
 def test_remat_stack_module_under_nnx_jit_and_grad(bits):
     class Net(nnx.Module):
         def __init__(self, schedule):

@@ -78,10 +78,21 @@ def test_stacked_variables_have_a_layer_axis():
     assert not np.array_equal(first[0], first[1])  # independently initialised layers
 
 
+def fma_xfail(max_ulp: int):
+    """jax 0.12.0.1's XLA:CPU rounds a multiply-add once (FMA) in some fusions and twice in others and fuses
+    this block's forward pass and its recompute differently (the residual adds after dropout's scaling):
+    ``max_ulp`` at an entry near zero. ``lax.optimization_barrier`` on the two dropout outputs makes every
+    case bitwise; jax 0.10.2 is bitwise without. Strict: the mark fails once the case is bitwise again."""
+    return pytest.mark.xfail(jax.__version_info__ >= (0, 12), strict=True, reason=(
+        f"jax 0.12.0.1 XLA:CPU rounds a multiply-add of the block once (FMA) in one of the forward pass and the "
+        f"recompute and twice in the other: max {max_ulp} ULP (docs/usage.md, JAX versions)"))
+
+
 @pytest.mark.parametrize("schedule,policy", [
-    ("full", None), ("every_k(2)", None), pytest.param("sqrt", None, marks=pytest.mark.jaxremat_slow),
-    pytest.param("segments(3)", None, marks=pytest.mark.jaxremat_slow),
-    ("every_k(2)", "save_dots_no_batch"),
+    pytest.param("full", None, marks=fma_xfail(6801)), ("every_k(2)", None),
+    pytest.param("sqrt", None, marks=pytest.mark.jaxremat_slow),
+    pytest.param("segments(3)", None, marks=[pytest.mark.jaxremat_slow, fma_xfail(3072)]),
+    pytest.param("every_k(2)", "save_dots_no_batch", marks=fma_xfail(3741)),
 ], ids=["full", "every_k(2)", "sqrt", "segments(3)", "every_k(2)+save_dots_no_batch"])
 def test_schedule_bitwise_equal_to_none_jit(schedule, policy, bits):
     _assert_same(run(schedule, "jit", policy), run("none", "jit"), bits)

@@ -17,8 +17,21 @@ from parity.checks.names import expected_names
 CFG = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 B, T = 2, 8
 
+# JAX's jax_remat3 flag (docs/usage.md, "JAX versions"): where these claims fail on the flag only.
+REMAT3 = jax.config.jax_remat3
+# Under it a checkpoint_name applied inside a custom_jvp rule is never kept: attn_probs, tagged inside
+# jaxremat.ops.masked_softmax's rule (one residual for the tag and the rule), is recomputed (jax 0.10.2, 0.12.0.1).
+NO_TAG_IN_JVP_RULE = pytest.mark.skipif(REMAT3, reason="jax_remat3 keeps no checkpoint_name applied inside a "
+                                        "custom_jvp rule: attn_probs (jaxremat.ops.masked_softmax) is recomputed")
+# jax 0.10.2's jax_remat3 through the reverse segment loop with a policy, op by op: wrong gradients (max
+# |a - b| / max |b| 1.66 at full+save_dots); offloaded names kept nowhere; save_everything 13,312 B, not 13,440.
+OLD_REMAT3 = pytest.mark.skipif(REMAT3 and jax.__version_info__ < (0, 12), reason=(
+    "jax 0.10.2's jax_remat3: wrong gradients op by op through the reverse segment loop with a policy "
+    "(max relative error 1.66), offload keeps nothing; fixed in jax 0.12 (docs/usage.md, JAX versions)"))
 
-@pytest.mark.parametrize("name", [n for n in POLICIES if not POLICIES[n].save_everything])
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks={"mlp_only": [NO_TAG_IN_JVP_RULE]}.get(
+    n, [OLD_REMAT3] if POLICIES[n].offloaded_names else [])) for n in POLICIES if not POLICIES[n].save_everything])
 def test_policy_block_keeps_declared_names(name):
     policy = POLICIES[name]
     recs = block_residuals(CFG, B, T, name)
@@ -36,6 +49,7 @@ def test_policy_block_shapes_are_the_tagged_shapes():
                     "out_proj": (B, T, D), "mlp_hidden": (B, T, F)}
 
 
+@OLD_REMAT3
 def test_policy_save_everything_keeps_what_no_remat_keeps():
     ref = sum(r.bytes for r in block_residuals(CFG, B, T, None))
     assert sum(r.bytes for r in block_residuals(CFG, B, T, "save_everything")) == ref
@@ -65,11 +79,13 @@ def _grads(plan_text, params, tokens):
 @pytest.mark.parametrize("plan", ["full+attention_only", "full+save_dots", "every_k(2)+save_qkv_proj",
                                   "full+minimal_offloaded", "nested(every_k(2),every_k(1))+mlp_only",
                                   "nested(sqrt,sqrt)"])
+@OLD_REMAT3
 def test_policy_grads_bitwise_op_by_op(plan, inputs, bits):
     params, tokens = inputs
     bits.assert_tree(_grads(plan, params, tokens), _grads("none", params, tokens), plan)
 
 
+@OLD_REMAT3
 def test_policy_kept_bytes_lie_between_full_and_none(inputs):
     params, tokens = inputs
 
@@ -109,6 +125,7 @@ def test_nested_forward_keeps_only_outer_boundaries(inputs):
     assert saved("nested(every_k(2),every_k(1))+save_dots") == saved("every_k(2)")
 
 
+@NO_TAG_IN_JVP_RULE
 def test_jax_save_anything_except_these_names_still_saves_them():
     # Why no policy here relies on it (docs/policies.md): in jax 0.10.2 it keeps the very names it
     # is told to leave out, exactly like everything_saveable.

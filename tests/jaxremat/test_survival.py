@@ -1,4 +1,5 @@
-"""jaxremat.survival: remat of Python-unrolled layers does not survive XLA:CPU; remat of a scan body does."""
+"""jaxremat.survival: remat of Python-unrolled layers does not survive XLA:CPU of jaxlib 0.10 (it does under
+jaxlib 0.12); remat of a scan body does under both."""
 
 import jax
 import jax.numpy as jnp
@@ -32,14 +33,24 @@ def _unrolled(tokens, checkpoint: bool):
     return loss
 
 
+# XLA:CPU of jaxlib 0.10.2 schedules an unrolled stack's recompute next to the forward pass (compiled temp
+# 967,680 B with jax.checkpoint against 959,488 B without, 95 products before and after); jaxlib 0.12.0.1
+# keeps the saving (488,832 B: 470,656 of the promised 559,104 B realized). Same HLO in, 4 optimization barriers.
+UNROLLED_REMAT_LOST = jax.__version_info__ < (0, 12)
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the unrolled-layer case is XLA:CPU's behaviour")
-def test_unrolled_checkpoint_warns(setup):
+def test_unrolled_checkpoint_warns_where_xla_drops_its_saving(setup):
     params, tokens = setup
     s = survival_check("unrolled full", _unrolled(tokens, True), _unrolled(tokens, False), params)
+    assert s.dots_before == s.dots_after  # the recompute is kept, not merged
+    if not UNROLLED_REMAT_LOST:  # jaxlib 0.12: the recompute runs late, the saving is realized, no warning
+        assert s.survived and s.warning is None
+        assert s.realized_saving_bytes >= 0.5 * s.promised_saving_bytes > 0
+        return
     assert not s.survived
     assert s.realized_saving_bytes < 0.1 * s.promised_saving_bytes  # residuals drop, compiled temp does not
     assert "did not survive compilation" in s.warning and "remat_scan" in s.warning
-    assert s.dots_before == s.dots_after  # the recompute is kept, not merged: its buffers stay live
 
 
 def test_scanned_checkpoint_survives_without_warning(setup):

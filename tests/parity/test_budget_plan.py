@@ -11,6 +11,7 @@ from jaxremat.spec.plan import RematPlan
 from jaxremat.spec.planner import NoPlanFits
 from parity.cases.budget_plan import MAX_ATTEMPTS, BudgetRequest, parse_case_plan, resolve, uniform_candidates
 from parity.cli.run import main
+from parity.runners.framework import get_framework
 
 CFG = TransformerConfig(arch="gpt", vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 
@@ -115,10 +116,10 @@ def test_a_budget_below_every_plan_says_what_it_would_take():
         resolve(BudgetRequest("budget", parse_case_plan("budget(5%)").budget), "torch", CFG, 2, 8, ref, run)
 
 
-def _plan_command(tmp_path, model, frameworks, budget):
+def _plan_command(tmp_path, model, frameworks, budget, cost="flops"):
     out = tmp_path / "p"
     code = main(["plan", "--model", model, "--budget", budget, "--frameworks", frameworks, "--repeats", "1",
-                 "--out", str(out), "--no-progress"])
+                 "--out", str(out), "--no-progress", *(["--cost", cost] if cost else [])])
     report = json.loads((out / "plan.json").read_text())
     assert code == 0, [(c["plan"], c["status"], c.get("error"), c.get("max_ulp")) for c in report["cases"]]
     rows = report["plan_rows"]
@@ -128,15 +129,26 @@ def _plan_command(tmp_path, model, frameworks, budget):
             c = row[who]
             assert c["status"] == "pass" and c["grads_bitwise_equal"] and c["weights_bitwise_equal"]
             assert c["peak_activation_bytes"] <= row["budget_bytes"] and c["within_budget"]
-        assert row["planner"]["recompute_flops"] <= row["uniform"]["recompute_flops"]
-        assert row["recompute_vs_uniform"] in ("less", "equal")
+        assert row["cost"] == (cost or "time") and row["choice"] in ("planner", "uniform") and row["choice_reason"]
+        if row["cost"] == "flops":
+            assert row["planner"]["recompute_flops"] <= row["uniform"]["recompute_flops"]
+            assert row["recompute_vs_uniform"] in ("less", "equal") and row["option_times"] is None
     assert "report-data" in (out / "report.html").read_text()
     return report, (out / "plan.md").read_text()
 
 
-def test_plan_command_in_pytorch_fits_the_budget_bitwise(tmp_path):
-    report, md = _plan_command(tmp_path, "gpt-tiny", "torch", "80%")
+def test_plan_command_in_pytorch_plans_on_measured_time_by_default_and_fits_the_budget_bitwise(tmp_path):
+    report, md = _plan_command(tmp_path, "gpt-tiny", "torch", "80%", cost=None)
     assert "| torch | 80% |" in md and "best_uniform(80%)" in md
+    row = report["plan_rows"][0]
+    assert set(row["option_times"]) == {"store", *get_framework("torch").default_menu()}
+    for t in row["option_times"].values():
+        assert len(t["forward_ms"]) == len(t["backward_ms"]) == len(t["segment_ms"]) == 3
+        assert t["forward_ms"][1] <= t["forward_ms"][0] <= t["forward_ms"][2] and t["rounds"] >= 2
+    # both plans are chosen on the predicted stack time; the planner's space holds every uniform plan
+    if row["planner"]["attempts"] == row["uniform"]["attempts"] == 1:
+        assert 0 < row["planner"]["predicted_step_time_s"] <= row["uniform"]["predicted_step_time_s"]
+    assert "## Block options, measured (the time cost)" in md and "| time | planner |" in md
 
 
 def test_plan_command_in_jax_fits_the_budget_bitwise(tmp_path):
@@ -158,7 +170,8 @@ def test_run_takes_a_budget_plan_like_any_schedule(tmp_path):
 
 @pytest.mark.parametrize("argv, match", [
     (["plan", "--budget", "0%"], "(0%, 100%]"), (["plan", "--model", "minilm-l6", "--frontier"], "measured on the GPT"),
-    (["plan", "--inductor"], "add --frontier"), (["plan", "--frontier", "--budget", "12MiB"], "percentages"),
+    (["plan", "--inductor"], "add --frontier"),
+    (["plan", "--model", "minilm-l6-short", "--cost", "time"], "timed for the gpt family only"), (["plan", "--frontier", "--budget", "12MiB"], "percentages"),
     (["run", "--model", "minilm-l6", "--schedules", "budget(50%)"], "which runs dropout 0"),
     (["run", "--model", "gpt-tiny", "--schedules", "plan(50%)"], "a memory budget is written budget(50%)"),
 ])

@@ -1,5 +1,6 @@
 """The remat planner (jaxremat.spec.planner): optimality against brute force, the unit model, errors."""
 
+import dataclasses
 import itertools
 import math
 
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from jaxremat.spec import peak_units, segments
 from jaxremat.spec.planner import (
-    BlockOption, NoPlanFits, PlannerResult, chain_costs, min_peak_plan, plan_for_budget,
+    BlockOption, NoPlanFits, PlannerResult, chain_costs, chain_time_s, min_peak_plan, plan_for_budget,
 )
 
 MENU_NAMES = ("store", "save_nothing", "save_dots", "attention_only")
@@ -298,3 +299,63 @@ def test_a_budget_of_exactly_the_stored_peak_stores_everything_whatever_the_roun
     for resolution in (3, 7, 1000):
         r = plan_for_budget(menus, peak, 10, resolution=resolution)
         assert r.recompute_flops == 0 and r.peak_bytes == peak and r.segment_options == ("store",)
+
+
+def _merged_time(menus, segs):
+    """A plan's time written out: neighbouring stored segments merged, then per block its step time and per
+    segment its first block's segment time."""
+    merged = []
+    for length, o in segs:
+        if merged and not menus[0][o].checkpointed and not menus[0][merged[-1][1]].checkpointed:
+            merged[-1] = (merged[-1][0] + length, merged[-1][1])
+        else:
+            merged.append((length, o))
+    total, start = 0.0, 0
+    for length, o in merged:
+        total += menus[start][o].segment_time_s + sum(menus[i][o].step_time_s for i in range(start, start + length))
+        start += length
+    return total
+
+
+@settings(max_examples=40, deadline=None)
+@given(_chains(max_n=6), st.integers(0, 400), st.data())
+def test_time_cost_plan_equals_brute_force_least_time(chain, budget, data):
+    menus, boundary, invariant = chain
+    # whole numbers of seconds: sums are exact, so the least time is compared with ==
+    menus = [[dataclasses.replace(o, step_time_s=data.draw(st.integers(0, 9)),
+                                  segment_time_s=data.draw(st.integers(0, 5))) for o in menu] for menu in menus]
+    fitting = [(_merged_time(menus, segs), segs) for p, _, segs in _brute_force(menus, boundary, invariant)
+               if p <= budget]
+    if not fitting:
+        return
+    r = plan_for_budget(menus, budget, boundary, invariant, cost="time")
+    assert r.cost == "time" and r.peak_bytes <= budget
+    assert r.step_time_s == min(t for t, _ in fitting)
+    segs = list(zip([s.length for s in r.plan.segments], r.segment_options))
+    assert chain_time_s(menus, segs) == r.step_time_s
+    assert plan_for_budget(menus, budget, boundary, invariant).step_time_s is None  # flops: no time reported
+
+
+def test_time_cost_trades_flops_for_measured_time():
+    """A policy that recomputes fewer FLOPs but runs slower (a dispatch cost per op) wins on flops, loses on time."""
+    store = BlockOption("store", False, kept_bytes=100, working_bytes=100, step_time_s=1.0)
+    plain = BlockOption("save_nothing", True, "save_nothing", 0, 100, recompute_flops=10.0, step_time_s=1.3)
+    dots = BlockOption("save_dots", True, "save_dots", 20, 120, recompute_flops=4.0, step_time_s=1.8)
+    menus = [[store, plain, dots]] * 8
+    by_flops = plan_for_budget(menus, 500, 10)
+    by_time = plan_for_budget(menus, 500, 10, cost="time")
+    assert "save_dots" in by_flops.segment_options and set(by_time.segment_options) == {"save_nothing", "store"}
+    assert by_time.step_time_s < chain_time_s(menus, list(zip([s.length for s in by_flops.plan.segments],
+                                                              by_flops.segment_options)))
+    assert by_time.recompute_flops > by_flops.recompute_flops
+
+
+def test_time_cost_needs_every_option_timed():
+    store = BlockOption("store", False, kept_bytes=1, working_bytes=1, step_time_s=1.0)
+    plain = BlockOption("save_nothing", True, "save_nothing", 0, 1)
+    with pytest.raises(ValueError, match=r"step_time_s; \['save_nothing'\] have none"):
+        plan_for_budget([[store, plain]] * 2, 100, 1, cost="time")
+    with pytest.raises(ValueError, match="cost must be one of flops, time"):
+        plan_for_budget([[store, plain]] * 2, 100, 1, cost="seconds")
+    with pytest.raises(ValueError, match="step_time_s must be a finite number >= 0"):
+        BlockOption("store", False, kept_bytes=1, working_bytes=1, step_time_s=-1.0)

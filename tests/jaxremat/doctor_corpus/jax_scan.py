@@ -74,7 +74,13 @@ def correct_offload():
     return scan_loss(policy), (init_params(), batch())
 
 
-def python_loop():  # one checkpoint per layer of a Python loop: XLA merges the recompute away
+# XLA:CPU of jaxlib 0.10.2 merges a Python loop's per-layer checkpoints into the forward pass (27 matrix
+# products before optimization, fewer after; compiled saving below 40% of the promised 32 KiB); jaxlib
+# 0.12.0.1 keeps them (27 / 27 products, 23.2 of 32 KiB realized), and the doctor then reports nothing.
+PYTHON_LOOP_MERGED = jax.__version_info__ < (0, 12)
+
+
+def python_loop():  # one checkpoint per layer of a Python loop: XLA:CPU (jaxlib 0.10) merges the recompute away
     def loss(params, x):
         h = x
         for i in range(L):
@@ -129,6 +135,6 @@ EXPECTED = {
     "correct": None, "correct_dots": None, "correct_offload": None, "correct_train_step": None,
     "name_missing": "policy-name-missing", "train_step_name_missing": "policy-name-missing",
     "dropped_under_vmap": "policy-dropped", "offload_to_unpinned_host": "offload-not-host",
-    "python_loop": "remat-not-surviving", "whole_stack": "remat-not-surviving",
+    "python_loop": "remat-not-surviving" if PYTHON_LOOP_MERGED else None, "whole_stack": "remat-not-surviving",
     "every_layer_output": "stacked-output",
 }
