@@ -51,6 +51,7 @@ from jax._src.custom_derivatives import custom_vjp_call_p
 from jax._src.interpreters import partial_eval as pe
 from jax.ad_checkpoint import checkpoint_name
 
+from .layer_pass import runs_once
 from .spec.lint import RematPolicyWarning
 from .tags import sub_jaxprs, tag_name
 
@@ -174,7 +175,8 @@ def count_named_runs(fn: Callable[..., Any], *args) -> dict[str, int]:
     own, and count them in ``jax.grad(loss)`` to see where the rule runs. Counted in the program's
     jaxpr after dead-code elimination (``jax._src.interpreters.partial_eval.dce_jaxpr``): a
     ``scan`` body counts once per iteration (its ``length``), a ``cond`` its largest branch (one
-    branch runs), any other sub-program (``jit``, ``checkpoint``, ``custom_vjp``) once per call.
+    branch runs), any other sub-program (``jit``, ``checkpoint``, ``custom_vjp``, the one-trip loop
+    of a layer run isolated, :func:`jaxremat.layer_pass.runs_once`) once per call.
 
     Args:
         fn: a function of arrays, e.g. ``jax.grad(loss)``.
@@ -184,7 +186,8 @@ def count_named_runs(fn: Callable[..., Any], *args) -> dict[str, int]:
         ``{name: runs}`` for every tag that runs at least once.
 
     Raises:
-        ValueError: a ``while`` loop holds a tag (its trip count is not known from the program).
+        ValueError: a ``while`` loop of the user's holds a tag (its trip count is not known from the
+            program).
     """
     closed = jax.make_jaxpr(fn)(*args)
     jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
@@ -199,7 +202,7 @@ def _named_runs(jaxpr: jax.extend.core.Jaxpr) -> collections.Counter:
         subs = [_named_runs(getattr(j, "jaxpr", j)) for j in sub_jaxprs(eqn)]
         if eqn.primitive.name == "cond":
             subs = [collections.Counter({k: max(s[k] for s in subs) for s in subs for k in s})]
-        elif eqn.primitive.name == "while" and any(subs):
+        elif eqn.primitive.name == "while" and any(subs) and not runs_once(eqn):
             raise ValueError("a while loop holds a checkpoint_name tag; its trip count is not known from the program")
         times = eqn.params["length"] if eqn.primitive.name == "scan" else 1
         for sub in subs:

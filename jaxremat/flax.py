@@ -166,7 +166,8 @@ def remat_stack(
     check_one_layer(lambda a: block_fn(first(a[0]), a[1], None if a[2] is None else first(a[2])),
                     lambda a: call(nnx.merge(graphdef, *a[0], copy=True), a[1][0], a[2]),
                     ((counts, rest), (x, delta0), xs), x)
-    check_plan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=policy, where="remat_stack")
+    check_plan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=policy, where="remat_stack",
+               custom_vjp_residuals=custom_vjp_residuals)
     with plan_checked():
         out, delta = remat_scan(block_fn, (counts, rest), (x, delta0), schedule, xs=xs, policy=jax_policy,
                                 custom_vjp_residuals=custom_vjp_residuals)
@@ -350,7 +351,7 @@ def linen_remat_stack(
     layer_keys = {name: jax.random.split(k, n_layer) for name, k in (rngs or {}).items()}
     block_fn = _linen_block_fn(block, mutable, apply_kwargs)
     check_plan(block_fn, variables, x, schedule, xs=(layer_keys, xs), policy=policy, with_outputs=bool(mutable),
-               where="linen_remat_stack")
+               where="linen_remat_stack", custom_vjp_residuals=custom_vjp_residuals)
     with plan_checked():
         return remat_scan(block_fn, variables, x, schedule, xs=(layer_keys, xs), policy=jax_policy,
                           with_outputs=bool(mutable), custom_vjp_residuals=custom_vjp_residuals)

@@ -86,13 +86,24 @@ def _residual_jaxpr(fn: Callable, args: tuple) -> tuple[_core.Jaxpr, list]:
 
 
 def _is_view(eqn) -> bool:
-    """True for a layout-only equation: a view primitive, or a broadcast that only adds unit axes."""
+    """True for a layout-only equation: a view primitive, a broadcast that only adds unit axes, or a
+    one-entry in-place add (:func:`jaxremat.layer_pass.tie`: ``x + -0.0`` at one index, same bits)."""
     name = eqn.primitive.name
     if name in _VIEW_PRIMITIVES:
+        return True
+    if name == "scatter-add" and len(eqn.invars) == 3 and int(np.prod(eqn.invars[2].aval.shape)) == 1:
         return True
     if name == "broadcast_in_dim" and eqn.invars and not isinstance(eqn.invars[0], _core.Literal):
         return int(np.prod(eqn.invars[0].aval.shape)) == int(np.prod(eqn.outvars[0].aval.shape))
     return False
+
+
+def _scalar_of_inputs(eqn, ins: list[bool]) -> bool:
+    """0-d outputs computed from flagged inputs (and literals) only: a scalar of the parameters, such as
+    the predicate of :func:`jaxremat.layer_pass.isolate` (JAX keeps a ``cond``'s index for its
+    backward pass under ``jax.checkpoint``), not an activation."""
+    return (bool(eqn.outvars) and all(getattr(v.aval, "shape", None) == () for v in eqn.outvars)
+            and all(f or isinstance(v, _core.Literal) for v, f in zip(eqn.invars, ins)) and any(ins))
 
 
 def _propagate_from_input(jaxpr: _core.Jaxpr, in_flags: list[bool]) -> dict:
@@ -101,7 +112,8 @@ def _propagate_from_input(jaxpr: _core.Jaxpr, in_flags: list[bool]) -> dict:
 
     A scan's stacked output is flagged when its body emits a view of a constant or of a scanned
     input (e.g. a LayerNorm weight broadcast to ``(1, 1, D)`` per layer): a parameter, not an
-    activation, though JAX lists it among the residuals. Carries are never flagged.
+    activation, though JAX lists it among the residuals. Carries are never flagged. So are 0-d
+    values computed from flagged values only (:func:`_scalar_of_inputs`).
     """
     flags = {v: True for v in jaxpr.constvars}
     flags.update({v: bool(f) for v, f in zip(jaxpr.invars, in_flags)})
@@ -113,6 +125,8 @@ def _propagate_from_input(jaxpr: _core.Jaxpr, in_flags: list[bool]) -> dict:
         ins = [flag(v) for v in eqn.invars]
         if _is_view(eqn):
             outs = [bool(ins and ins[0])] * len(eqn.outvars)
+        elif _scalar_of_inputs(eqn, ins):
+            outs = [True] * len(eqn.outvars)
         else:
             outs = _sub_jaxpr_outputs(eqn, ins)
         flags.update({o: f for o, f in zip(eqn.outvars, outs) if f})

@@ -49,14 +49,21 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from .layer_pass import isolate, predicate
+
 __all__ = ["batched_matmul", "gelu", "layer_norm", "masked_softmax"]
 
 
-def _layer_norm_parts(x, weight, bias, eps):
+def _stats(x, eps):
     mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return mean, lax.rsqrt(var + eps)
+
+
+def _layer_norm_parts(x, weight, bias, eps):
+    # the statistics as a computation of their own (module docstring, "Bits")
+    mean, rstd = isolate(lambda x: _stats(x, eps), x, predicate((weight, x)))
     centred = x - mean
-    var = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
-    rstd = lax.rsqrt(var + eps)
     normed = centred * rstd
     return normed * weight + bias, normed, rstd
 

@@ -112,9 +112,8 @@ def _segment_kept(block: Callable, params: Any, x: Any, checkpointed: bool, poli
 def _slope_intercept(block, params, x, checkpointed, policy) -> tuple[int, int]:
     """``(per block, per segment)`` bytes of a segment's residuals, from segments of 2 and 3 blocks.
 
-    Lengths 2 and 3, not 1: a one-block segment runs isolated (a trip count of 1,
-    :mod:`jaxremat.segment_vjp`) and a stored one keeps two (1, 1, D) LayerNorm weight broadcasts
-    more; a longer segment is linear in its length (checked by the tests up to 4)."""
+    Lengths 2 and 3: a segment is linear in its length (checked by the tests up to 4), one block
+    long included (:mod:`jaxremat.layer_pass` runs every layer alike)."""
     k2, k3 = (_segment_kept(block, params, x, checkpointed, policy, n) for n in (2, 3))
     return k3 - k2, k2 - 2 * (k3 - k2)
 

@@ -23,10 +23,16 @@ Two renderings, chosen with ``method``:
   with the forward pass and saves nothing (``segments(2)``, ``sqrt`` at N <= 6).
   :func:`jaxremat.survival.survival_check` tells whether a given program kept its saving.
 
-Bitwise equality with ``none`` (measured on XLA:CPU, jax 0.10.2; tests/jaxremat/test_render.py):
-op by op every schedule gives the bits of ``none`` in both renderings; under ``jit`` too at the
-project's configs, with the exception of segments of one layer at tiny shapes, documented in
-docs/framework-differences.md, section 2.
+Bitwise equality with ``none`` (measured on XLA:CPU, jax 0.10.2; tests/jaxremat/test_render.py,
+tests/jaxremat/test_bitwise_jit.py): in the reverse loop every plan gives the bits of ``none``, op by
+op and under ``jit``, at every width (each layer runs as one isolated XLA computation,
+:mod:`jaxremat.layer_pass`). ``method="checkpoint"``: op by op every schedule gives ``none``'s bits
+for the stacked parameters, but not always for an array the block closes over (a trained value not
+passed as a stacked parameter): 2 ULP at N=4, D=16 under ``every_k(2)`` and ``sqrt``, where ``full``
+and the reverse loop are bitwise. Consistent with its gradient summed per multi-layer segment and
+then across segments, where ``none`` and the reverse loop add it layer by layer, last layer first.
+Under ``jit`` one-layer segments at small widths round apart
+(docs/framework-differences.md, section 2).
 """
 
 from __future__ import annotations
@@ -224,11 +230,30 @@ def remat_scan(
     if carry_sharding is not None:
         block_fn = _constrain_carry(block_fn, carry_sharding, with_outputs)
     if method == "reverse_loop":
+        if save:
+            segments = _one_layer_segments(segments)
         per_segment = (tuple(policy_of(s.policy) for s in segments) if any(s.policy is not None for s in segments)
                        else jax_policy)
         _refuse_remat3_policy(per_segment)
-        return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs)
+        return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs, save)
     return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of)
+
+
+def _one_layer_segments(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
+    """Every checkpointed segment (without an inner schedule) split into segments of one layer.
+
+    Under ``custom_vjp_residuals="save"`` in the reverse loop: a saved output of a rule's ``fwd``
+    read by the carry (``h + op(h)``) is rounded on its own, where the forward pass fused it into
+    the carry (XLA:CPU: one fused multiply-add), so a carry recomputed from it is not the forward's;
+    each layer's input is kept instead (docs/framework-differences.md, section 10).
+    """
+    out = []
+    for seg in segments:
+        if seg.checkpointed and seg.inner is None and seg.length > 1:
+            out += [dataclasses.replace(seg, start=i, stop=i + 1) for i in range(seg.start, seg.stop)]
+        else:
+            out.append(seg)
+    return tuple(out)
 
 
 def _refuse_remat3_policy(per_segment) -> None:
@@ -275,14 +300,14 @@ def _segment_policies(default: Callable | None, save_custom_vjp: bool) -> Callab
     return policy_of
 
 
-def _reverse_loop(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs):
+def _reverse_loop(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, lean=False):
     """``method="reverse_loop"``: closure-convert one layer and hand it to :func:`remat_segments`."""
     def layer(p, c, x):
         out = block_fn(p, c, x)
         return out if with_outputs else (out, None)
 
     fn, consts = _closure_convert(layer, stacked_params, carry, xs)
-    out, ys = remat_segments(fn, stacked_params, carry, xs, consts, segments, jax_policy)
+    out, ys = remat_segments(fn, stacked_params, carry, xs, consts, segments, jax_policy, lean)
     return (out, ys) if with_outputs else out
 
 

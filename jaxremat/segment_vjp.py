@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .layer_pass import LayerProgram, alive, differentiated_policy, isolate, predicate, rebuild, take, tie
 from .spec.schedules import Segment
 
 __all__ = ["remat_segments"]
@@ -60,11 +61,6 @@ _FLOAT0 = jax.dtypes.float0
 
 def _differentiable(leaf) -> bool:
     return jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
-
-
-def _take(tree, i):
-    """Slice ``i`` of every leaf's leading axis (``i`` may be traced)."""
-    return _tree.tree_map(lambda a: lax.dynamic_index_in_dim(a, i, 0, keepdims=False), tree)
 
 
 def _slots(tree) -> list:
@@ -101,109 +97,31 @@ def _put(acc: list, values: list, i, k: int | None = None) -> list:
     return [a if a is None else put(a, v) for a, v in zip(acc, values)]
 
 
-def _isolated(tree):
-    """``isolate(fn, operand)``: ``fn(operand)`` as a branch of ``lax.cond``, predicated on ``tree``.
+def _first_index():
+    """Index 0 as a run-time value, for a layer or segment run outside a loop.
 
-    XLA compiles a loop body or a cond branch as a computation of its own: its buffers (e.g. the
-    stacked residuals of a recompute, and the zeros ``lax.scan`` initialises them with) exist only
-    while it runs, it cannot start before its operands (the cotangent) exist, and its ops are fused
-    among themselves only. A ``lax.scan`` of length one is removed by XLA's while-loop simplifier,
-    which moves its body into the caller; measured on XLA:CPU (jax 0.10.2), the scheduler then
-    allocated a recompute's residuals at the start of the program (``segments(2)`` at N=8 compiled
-    to no-remat's temp bytes), and a lone layer fused into its surroundings rounded differently
-    from the same layer in ``none``'s loop (gradients a few float32 eps apart at d_model 16). So
-    every single-step loop here runs its step as a cond branch instead, with ``fn`` in both
-    branches and a predicate XLA cannot fold (an entry of ``tree`` equals itself).
+    A constant index reaches the isolated computations (:func:`jaxremat.layer_pass.isolate`) as a
+    constant operand, and XLA specialises them to it (a dynamic slice folded into a static one), so
+    the layer compiles otherwise than in a loop. Measured (XLA:CPU, jax 0.10.2): the BERT encoder at
+    d_model 16 under ``plan(1+save_nothing,3:store)``, layer 0's attention gradients 1.5e9 ULP from
+    ``none`` (``tests/jaxremat/test_planner_menus.py``); behind ``lax.optimization_barrier`` bitwise.
     """
-    floats = [a for a in _tree.tree_leaves(tree) if a is not None and _differentiable(a)]
-    if not floats:
-        return _direct
-    first = jnp.ravel(floats[0])[0]
-    return lambda fn, operand: lax.cond(first == first, fn, fn, operand)
+    return lax.optimization_barrier(jnp.int32(0))
 
 
-def _direct(fn, operand):
-    return fn(operand)
-
-
-def _scan(step, carry, n: int, *, isolate_on=None):
-    """``lax.scan(step, carry, arange(n))``; for n == 1 the step runs isolated (see :func:`_isolated`)."""
+def _scan(step, carry, n: int):
+    """``lax.scan(step, carry, arange(n))``; for n == 1 the step runs once, outside any loop."""
     if n > 1:
         return lax.scan(step, carry, jnp.arange(n))
-    c, ys = _isolated(carry if isolate_on is None else isolate_on)(lambda c: step(c, jnp.int32(0)), carry)
+    c, ys = step(carry, _first_index())
     return c, _tree.tree_map(lambda a: a[None], ys)
 
 
-def _reverse(compute, accumulate, state, n: int):
-    """For i = n-1 .. 0: ``state = accumulate(state, compute(i, state[0]), i)``.
-
-    ``compute`` is pure and returns small values (one layer's or one segment's gradients); the
-    full-size gradient buffers in ``state`` are only touched by ``accumulate``, outside any cond,
-    so XLA updates them in place. For n == 1, ``compute`` runs isolated (see :func:`_isolated`).
-    """
+def _reverse(step, state, n: int):
+    """For i = n-1 .. 0: ``state = step(state, i)``."""
     if n > 1:
-        body = lambda st, i: (accumulate(st, compute(i, st[0]), i), None)
-        return lax.scan(body, state, jnp.arange(n), reverse=True)[0]
-    i = jnp.int32(0)
-    return accumulate(state, _isolated(state[0])(lambda ct_c: compute(i, ct_c), state[0]), i)
-
-
-def _after(values, ct_c: list):
-    """``values``, made data-dependent on the cotangent in ``state``, bits unchanged.
-
-    A recompute reads only its boundary and the parameters, both known since the forward pass, so
-    XLA's scheduler may run it early, with the forward pass, and keep its residuals live as long as
-    no remat at all would (measured: ``segments(2)`` at N=8 compiled to no-remat's temp bytes).
-    ``lax.optimization_barrier`` did not prevent it on XLA:CPU (jax 0.10.2: the barrier is expanded
-    away before scheduling). Adding ``-0.0 * |c|``, with ``c`` one entry of the incoming cotangent,
-    is the identity on every float (``x + -0.0 == x``, signed zeros and NaN included) but makes the
-    recompute wait for the backward pass of the layers above it. The tie is ``-0.0 * (c != 0)``,
-    which is -0.0 for every ``c`` (0, inf and NaN included: ``-0.0 * 0.0`` and ``-0.0 * 1.0`` are
-    both -0.0), so a non-finite cotangent entry does not leak into the recomputed values.
-    """
-    cts = [c for c in ct_c if c is not None]
-    if not cts:
-        return values
-    first = jnp.ravel(cts[0])[0]
-    tie = -0.0 * (first != 0).astype(first.dtype)
-
-    def tied(a):
-        return a + tie.astype(a.dtype) if _differentiable(a) else a
-
-    return _tree.tree_map(tied, values)
-
-
-@dataclasses.dataclass
-class _Pullback:
-    """How a ``jax.vjp`` closure is rebuilt: its treedef, and per leaf ``("input", j)`` or ``("kept", r)``."""
-
-    treedef: Any = None
-    sources: tuple = ()
-
-
-def _vjp(fn, meta: _Pullback, p, c, x, consts):
-    """``jax.vjp`` of ``fn(p, c, x, consts)``; the closure leaves that are not ``p``/``x``/``consts`` leaves.
-
-    Leaves that are inputs are read again in the backward pass instead of being stacked: a layer's
-    weights are residuals of its matrix products, and stacking them would copy the parameters.
-    """
-    (c_out, y), pullback = jax.vjp(fn, p, c, x, consts)
-    leaves, treedef = _tree.tree_flatten(pullback)
-    ids = {id(a): j for j, a in enumerate(_tree.tree_leaves((p, x, consts)))}
-    sources, kept = [], []
-    for leaf in leaves:
-        if id(leaf) in ids:
-            sources.append(("input", ids[id(leaf)]))
-        else:
-            sources.append(("kept", len(kept)))
-            kept.append(leaf)
-    meta.treedef, meta.sources = treedef, tuple(sources)
-    return c_out, y, kept
-
-
-def _rebuild(meta: _Pullback, kept: list, p, x, consts):
-    inputs = _tree.tree_leaves((p, x, consts))
-    return _tree.tree_unflatten(meta.treedef, [inputs[j] if s == "input" else kept[j] for s, j in meta.sources])
+        return lax.scan(lambda st, i: (step(st, i), None), state, jnp.arange(n), reverse=True)[0]
+    return step(state, _first_index())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,15 +137,26 @@ class _Group:
 
 
 def _groups(segments, policies) -> list[_Group]:
-    """Runs of equal segments; ``policies`` holds each segment's ``jax.checkpoint`` policy (compared by identity)."""
+    """Runs of equal segments; ``policies`` holds each segment's ``jax.checkpoint`` policy (compared by identity).
+
+    A checkpointed segment without an inner schedule whose policy saves everything
+    (``jax.checkpoint_policies.everything_saveable``) keeps what a plain segment keeps: it runs as one.
+    """
     out: list[_Group] = []
     for s, p in zip(segments, policies):
+        if s.checkpointed and s.inner is None and p is jax.checkpoint_policies.everything_saveable:
+            s, p = dataclasses.replace(s, checkpointed=False), None
         last = out[-1] if out else None
         if last and (last.k, last.checkpointed, last.inner) == (s.length, s.checkpointed, s.inner) and last.policy is p:
             out[-1] = dataclasses.replace(last, n_seg=last.n_seg + 1)
         else:
             out.append(_Group(s.start, s.length, 1, s.checkpointed, s.inner, p))
     return out
+
+
+def _one_layer(res, n: int):
+    """``res`` as stacked residuals: a layer run alone returned its residuals unstacked."""
+    return _tree.tree_map(lambda a: a[None], res) if n == 1 else res
 
 
 def _flat_ys(ys, n_seg: int, k: int):
@@ -240,127 +169,195 @@ class _Stack:
     ``state`` in the backward pass is ``(carry slots, params grads, xs grads, consts grads)``:
     lists aligned with the leaves of the carry, ``params``, ``xs`` and ``consts``, None where a
     leaf is not differentiable; the gradient lists are full-size buffers updated in place.
+    Every layer's forward and backward pass runs isolated (:mod:`jaxremat.layer_pass`); outputs
+    that nothing reads are read into a value that is (:func:`jaxremat.layer_pass.tie`).
     """
 
-    def __init__(self, fn, params, xs, consts, policy, carry_template, ct_ys=None):
+    def __init__(self, fn, params, xs, consts, policy, carry_template, pred_source, ct_ys=None, lean=False,
+                 as_differentiated=None):
         self.fn, self.params, self.xs, self.consts, self.policy = fn, params, xs, consts, policy
-        self.carry_template, self.ct_ys = carry_template, ct_ys
+        self.carry_template, self.ct_ys, self.lean = carry_template, ct_ys, lean
+        # policy -> the policy as JAX differentiates it (:func:`differentiated_policy`); shared by the
+        # forward and backward passes' stacks, so that each policy is asked once
+        self.as_differentiated = {} if as_differentiated is None else as_differentiated
+        self.pred = predicate(pred_source)
+        self._programs: dict = {}
+
+    def program(self, policy=None, carry_out: bool = True) -> LayerProgram:
+        """The layer's forward program, split for ``policy`` (one per policy object).
+
+        ``carry_out``: the policy's recompute also returns the layer's carry (a segment of several
+        layers recomputes the next layer from it); for a one-layer segment it returns only the
+        residuals, and the forward pass saves only what they need.
+        """
+        key = (id(policy), carry_out or policy is None)
+        if key not in self._programs:
+            split = policy
+            if policy is not None:
+                if id(policy) not in self.as_differentiated:
+                    self.as_differentiated[id(policy)] = (policy, differentiated_policy(
+                        self.fn, self.params, self.carry_template, self.xs, self.consts, policy))
+                split = self.as_differentiated[id(policy)][1]
+            self._programs[key] = (policy, LayerProgram(self.fn, self.params, self.xs, self.consts,
+                                                        self.carry_template, split, self.pred, key[1]))
+        return self._programs[key][1]
 
     def plain(self, base, length: int, c):
-        """Layers ``base .. base + length`` keeping nothing; (carry, stacked ys)."""
+        """Layers ``base .. base + length`` keeping nothing; (carry, stacked ys). Not differentiated."""
         def step(c, i):
-            return self.fn(_take(self.params, base + i), c, _take(self.xs, base + i), self.consts)
+            return self.fn(take(self.params, base + i), c, take(self.xs, base + i), self.consts)
         return _scan(step, c, length)
 
-    def _chunk(self, start, k):
-        sl = lambda t: _tree.tree_map(lambda a: lax.dynamic_slice_in_dim(a, start, k, 0), t)
-        return sl(self.params), sl(self.xs)
+    def layer_grads(self, i, res, j, state, ct_y, live):
+        """Layer ``i``'s backward pass from its residuals ``res[j]`` (stacked), isolated: the new ``state``.
 
-    def _segment_fn(self, policy):
-        def segment(chunk, c, xs_chunk, consts):
-            return lax.scan(lambda c, layer: self.fn(layer[0], c, layer[1], consts), c, (chunk, xs_chunk))
-        return jax.checkpoint(segment, policy=policy, prevent_cse=False)
+        The stacked residuals are sliced inside (a slice taken outside would be a copy); layer
+        ``i``'s gradients are written into the gradient buffers of ``state`` inside too, which the
+        computation updates in place (:func:`jaxremat.layer_pass.isolate`'s ``buffers``; returned
+        as outputs, one layer's gradients would be a second buffer beside them). The predicate
+        reads ``live``.
+        """
+        prog = self.program()
+        ct_c, gp, gx, gk = state
+
+        def run(op, buffers):
+            params, xs, consts, i, res, j, ct_c, ct_y = op
+            p, x = take(params, i), take(xs, i)
+            kept, meta = prog.residuals(params, xs, consts, i, take(res, j)), prog.meta
+            dp, dc, dx, dk = rebuild(meta, kept, p, x, consts)((_cotangent(self.carry_template, ct_c), ct_y))
+            slots = (_ct_slots(dc, self.carry_template), _ct_slots(dp, self.params), _ct_slots(dx, self.xs),
+                     _ct_slots(dk, self.consts))
+            dc, gp, gx, gk = self._accumulate((None,) + tuple(buffers), slots, i)
+            return dc, (gp, gx, gk)
+        dc, (gp, gx, gk) = isolate(run, (self.params, self.xs, self.consts, i, res, j, ct_c, ct_y), self.pred + live,
+                                   (gp, gx, gk))
+        return dc, gp, gx, gk
 
     def _policies(self, segments, policies):
         return [self.policy] * len(segments) if policies is None else list(policies)
 
-    def forward(self, segments, base, c, policies=None):
-        """Forward over ``segments`` (starts relative to ``base``): (carry, ys, residuals, metas).
+    def forward(self, segments, base, c, live, policies=None):
+        """Forward over ``segments`` (starts relative to ``base``): (carry, ys, residuals, live).
+
+        ``live`` (:func:`jaxremat.layer_pass.alive`) is read by every layer's predicate, so each
+        layer waits for what the one before left unused to be read (and freed).
 
         ``policies``: one ``jax.checkpoint`` policy per segment (segment plans), else the stack's.
+        A plain group keeps every layer's residuals; a checkpointed one its segments' boundaries
+        (and, under a policy, what the policy saves of each layer).
         """
-        residuals, metas, ys_parts = [], [], []
+        residuals, ys_parts = [], []
         for g in _groups(segments, self._policies(segments, policies)):
-            a, meta = base + g.start, _Pullback()
-            if not g.checkpointed:
-                def step(c, i, a=a, meta=meta):
-                    c, y, kept = _vjp(self.fn, meta, _take(self.params, a + i), c, _take(self.xs, a + i), self.consts)
-                    return c, (y, kept)
-                c, (ys, res) = _scan(step, c, g.n_seg * g.k)
-            elif g.inner is None and g.policy is not None:
-                def step(c, s, a=a, g=g, meta=meta):
-                    chunk, xs_chunk = self._chunk(a + s * g.k, g.k)
-                    c, ys, kept = _vjp(self._segment_fn(g.policy), meta, chunk, c, xs_chunk, self.consts)
-                    return c, (ys, kept)
-                c, (ys, res) = _scan(step, c, g.n_seg)
-                ys = _flat_ys(ys, g.n_seg, g.k)
-            else:
-                def step(c, s, a=a, g=g):
-                    out, ys = self.plain(a + s * g.k, g.k, c)
-                    return out, (ys, c)
-                c, (ys, res) = _scan(step, c, g.n_seg)
-                ys, meta = _flat_ys(ys, g.n_seg, g.k), None
-            residuals.append(res)
-            metas.append(meta)
-            ys_parts.append(ys)
-        ys = ys_parts[0] if len(ys_parts) == 1 else _tree.tree_map(lambda *t: jnp.concatenate(t), *ys_parts)
-        return c, ys, residuals, metas
-
-    def _ct_out(self, ct_c: list, j, k: int | None = None):
-        """The cotangent of one layer's (or k layers') outputs: the carry's and the y's."""
-        if self.ct_ys is None:
-            ct_y = None
-        elif k is None:
-            ct_y = _take(self.ct_ys, j)
-        else:
-            ct_y = _tree.tree_map(lambda a: lax.dynamic_slice_in_dim(a, j, k, 0), self.ct_ys)
-        return _cotangent(self.carry_template, ct_c), ct_y
-
-    def _accumulate(self, state, grads, j, k=None):
-        """Add one layer's (or k layers' from j) gradients into ``state``; the new carry cotangent."""
-        _, gp, gx, gk = state
-        dp, dc, dx, dk = grads
-        gk = [None if g is None else g + d for g, d in zip(gk, _ct_slots(dk, self.consts))]
-        return (_ct_slots(dc, self.carry_template), _put(gp, _ct_slots(dp, self.params), j, k),
-                _put(gx, _ct_slots(dx, self.xs), j, k), gk)
-
-    def backward(self, segments, base, residuals, metas, state, policies=None):
-        """Pull ``state`` back through ``segments`` (starts relative to ``base``) in reverse."""
-        groups = _groups(segments, self._policies(segments, policies))
-        for g, res, meta in reversed(list(zip(groups, residuals, metas))):
             a = base + g.start
             if not g.checkpointed:
-                def compute(i, ct_c, a=a, res=res, meta=meta):
-                    p, x = _take(self.params, a + i), _take(self.xs, a + i)
-                    return _rebuild(meta, _take(res, i), p, x, self.consts)(self._ct_out(ct_c, a + i))
-                state = _reverse(compute, lambda st, grads, i, a=a: self._accumulate(st, grads, a + i),
-                                 state, g.n_seg * g.k)
-            elif g.inner is None and g.policy is not None:
-                def compute(s, ct_c, a=a, g=g, res=res, meta=meta):
-                    start = a + s * g.k
-                    kept = _after(_take(res, s), ct_c)  # JAX's own remat: recompute what the policy did not keep
-                    chunk, xs_chunk = self._chunk(start, g.k)
-                    return _rebuild(meta, kept, chunk, xs_chunk, self.consts)(self._ct_out(ct_c, start, g.k))
-                state = _reverse(compute, lambda st, grads, s, a=a, g=g: self._accumulate(st, grads, a + s * g.k, g.k),
-                                 state, g.n_seg)
+                prog = self.program()
+
+                def step(carry, i, a=a, prog=prog):
+                    c, stacks, live = carry
+                    c, y, stacks, _ = prog.forward(self.params, self.xs, self.consts, a + i, c, live, stacks, i)
+                    return (c, stacks, live), y
+                n = g.n_seg * g.k
+                (c, res, live), ys = _scan(step, (c, self._stacks(prog, n, alive(c)), live), n)
+                res = _one_layer(res, n)
+            else:  # keep the boundary; run the layers as a plain segment does, their residuals unused
+                prog = self.program(g.policy if g.inner is None else None, g.k > 1 or not self.lean)
+
+                def step(carry, s, a=a, g=g, prog=prog):
+                    def layer(carry, j):
+                        c, live = carry
+                        c, y, kept, saved = prog.forward(self.params, self.xs, self.consts, a + s * g.k + j, c, live)
+                        return (c, alive(kept, alive=live)), (y, saved)
+                    (out, live), (ys, saved) = _scan(layer, carry, g.k)
+                    return (out, live), (ys, (carry[0], saved))
+                (c, live), (ys, res) = _scan(step, (c, live), g.n_seg)
+                ys = _flat_ys(ys, g.n_seg, g.k)
+            residuals.append(res)
+            ys_parts.append(ys)
+        ys = ys_parts[0] if len(ys_parts) == 1 else _tree.tree_map(lambda *t: jnp.concatenate(t), *ys_parts)
+        return c, ys, residuals, live
+
+    def _stacks(self, prog: LayerProgram, n: int, live):
+        """Zero buffers for ``n`` layers' residuals, made once ``live`` is (not earlier); None for n == 1."""
+        return None if n == 1 else [tie(z, live) for z in prog.stacks(n)]
+
+    def _ct_y(self, j):
+        """The cotangent of layer ``j``'s ``y`` output."""
+        return None if self.ct_ys is None else take(self.ct_ys, j)
+
+    def _accumulate(self, state, slots, j):
+        """Add layer ``j``'s gradient slots into ``state``; the new carry cotangent."""
+        _, gp, gx, gk = state
+        dc, dp, dx, dk = slots
+        gk = [None if g is None else g + d for g, d in zip(gk, dk)]
+        return dc, _put(gp, dp, j), _put(gx, dx, j), gk
+
+    def _backward_layers(self, a, n: int, res, state, live):
+        """Layers ``a + n - 1 .. a`` in reverse, from their stacked residuals ``res``."""
+        return _reverse(lambda st, i: self.layer_grads(a + i, res, i, st, self._ct_y(a + i), live), state, n)
+
+    def backward(self, segments, base, residuals, state, live, policies=None):
+        """Pull ``state`` back through ``segments`` (starts relative to ``base``) in reverse.
+
+        ``live``: read by the first computations (what the caller left unused).
+        """
+        groups = _groups(segments, self._policies(segments, policies))
+        for g, res in reversed(list(zip(groups, residuals))):
+            a = base + g.start
+            if not g.checkpointed:
+                state = self._backward_layers(a, g.n_seg * g.k, res, state, live)
             else:
-                state = self._backward_checkpointed(g, a, res, state)
+                state = self._backward_checkpointed(g, a, res, state, live)
         return state
 
-    def _backward_checkpointed(self, g: _Group, a, boundaries, state):
-        """Each segment in reverse: recompute it from its boundary, then pull back through it."""
-        inner = g.inner.segments_for(g.k) if g.inner is not None else (Segment(0, g.k, False),)
+    def _backward_checkpointed(self, g: _Group, a, res, state, live_in):
+        """Each segment in reverse: recompute it from its boundary, then pull back through it.
+
+        The recompute's predicates read the cotangent that reaches the segment, so it runs in
+        the backward pass (else XLA may run it with the forward pass and keep its residuals as
+        long as no remat would); the backward's predicates read the recompute's last carry and
+        ys, which nothing else reads, so that its computations keep every output.
+        """
+        boundaries, saved = res
 
         def segment(state, s):
             start = a + s * g.k
-            metas = []
+            b, live = take(boundaries, s), alive(state[0], alive=live_in)
+            if g.inner is not None:
+                inner = g.inner.segments_for(g.k)
+                c, ys, inner_res, live = self.forward(inner, start, b, live)
+                return self.backward(inner, start, inner_res, state, alive(c, ys, alive=live))
+            prog, seg_saved = self.program(g.policy, g.k > 1 or not self.lean), take(saved, s)
 
-            def recompute(b):
-                _, _, inner_res, inner_metas = self.forward(inner, start, b)
-                metas[:] = [inner_metas]
-                return inner_res
-
-            isolate = _isolated(state[0]) if g.n_seg == 1 else _direct
-            inner_res = isolate(recompute, _after(_take(boundaries, s), state[0]))
-            return self.backward(inner, start, inner_res, metas[0], state)
+            def layer(carry, j):
+                c, stacks = carry
+                c, y, stacks = prog.recompute(self.params, self.xs, self.consts, start + j, c, take(seg_saved, j),
+                                              live, stacks, j)
+                return (c, stacks), y
+            (c, kept), ys = _scan(layer, (b, self._stacks(prog, g.k, live)), g.k)
+            return self._backward_layers(start, g.k, _one_layer(kept, g.k), state, alive(c, ys))
 
         if g.n_seg == 1:
-            return segment(state, jnp.int32(0))
+            return segment(state, _first_index())
         return lax.scan(lambda st, s: (segment(st, s), None), state, jnp.arange(g.n_seg), reverse=True)[0]
 
 
+def _predicate_source(params, consts, xs) -> Callable:
+    """``(params, consts, xs, carry_or_cotangent) -> value`` for the isolated computations' predicate.
+
+    The first leaf of ``params``, ``consts`` or ``xs`` that is traced where the stack is called
+    (a value XLA cannot fold; arrays closed over by the caller are constants), else the carry
+    (the cotangent in the backward pass). Parameters first: they are not batched under ``jax.vmap``.
+    """
+    groups = (params, consts, xs)
+    for g, tree in enumerate(groups):
+        for j, leaf in enumerate(_tree.tree_leaves(tree)):
+            if isinstance(leaf, jax.core.Tracer) and jnp.issubdtype(jnp.result_type(leaf), jnp.number):
+                return lambda *trees, g=g, j=j: _tree.tree_leaves(trees[g])[j]
+    return lambda *trees: trees[3]
+
+
 def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list, segments: tuple[Segment, ...],
-                   policy: "Callable | None | Sequence[Callable | None]") -> tuple[Any, Any]:
+                   policy: "Callable | None | Sequence[Callable | None]", lean: bool = False) -> tuple[Any, Any]:
     """Run ``fn`` over the stacked layers under ``segments``, differentiated by the reverse segment loop.
 
     Args:
@@ -376,6 +373,12 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
             ``nested`` it applies to the inner segments), or a tuple or list of them, one per
             segment in ``segments`` (a segment plan's per-segment policies; equal entries must be
             the same object for their segments to run as one group).
+        lean: a checkpointed one-layer segment under a policy saves only what its residuals need
+            (its recompute does not rebuild its output carry), where by default it saves what every
+            segment saves per layer, the carry's needs included (so that saved bytes are linear in
+            a segment's length). ``remat_scan`` sets it under ``custom_vjp_residuals="save"``: a
+            saved value the carry reads would change the forward pass's program (see
+            :func:`jaxremat.render.remat_scan`).
 
     Raises:
         ValueError: a per-segment ``policy`` of another length than ``segments``.
@@ -393,24 +396,30 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
                              "give one per segment, or one policy for all")
         per_segment, policy = tuple(policy), None
     carry_template = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), carry)
-    metas_of_fwd: list = []
+    source = _predicate_source(params, consts, xs)
+    as_differentiated: dict = {}
 
     @jax.custom_vjp
     def run(params, carry, xs, consts):
-        return _Stack(fn, params, xs, consts, policy, carry_template).plain(0, n_layer, carry)
+        return _Stack(fn, params, xs, consts, policy, carry_template, None).plain(0, n_layer, carry)
 
     def run_fwd(params, carry, xs, consts):
-        c, ys, residuals, metas = _Stack(fn, params, xs, consts, policy, carry_template).forward(
-            segments, 0, carry, per_segment)
-        metas_of_fwd[:] = [metas]
+        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, carry), lean=lean,
+                       as_differentiated=as_differentiated)
+        c, ys, residuals, live = stack.forward(segments, 0, carry, alive(), per_segment)
+        if _groups(segments, stack._policies(segments, per_segment))[-1].checkpointed:
+            # the last segment's unused residuals: read into its boundary
+            boundaries, saved = residuals[-1]
+            residuals[-1] = (tie(boundaries, live, last=True), saved)
         return (c, ys), (params, xs, consts, residuals)
 
     def run_bwd(saved, ct):
         params, xs, consts, residuals = saved
         ct_c, ct_ys = ct
-        stack = _Stack(fn, params, xs, consts, policy, carry_template, ct_ys=ct_ys)
+        stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, ct_c), ct_ys=ct_ys,
+                       lean=lean, as_differentiated=as_differentiated)
         state = (_ct_slots(ct_c, carry_template), _zeros(params), _zeros(xs), _zeros(consts))
-        ct_c, gp, gx, gk = stack.backward(segments, 0, residuals, metas_of_fwd[0], state, per_segment)
+        ct_c, gp, gx, gk = stack.backward(segments, 0, residuals, state, alive(), per_segment)
         unflat = lambda tree, slots: _tree.tree_unflatten(_tree.tree_structure(tree), slots)
         return unflat(params, gp), unflat(carry_template, ct_c), unflat(xs, gx), list(gk)
 

@@ -13,7 +13,9 @@ temp bytes (``Compiled.memory_analysis().temp_size_in_bytes``, MB) of:
 
 The families: ``mlp`` (D 512, F 2048, B 256; activations above parameters), ``wide`` (D 1024,
 F 4096, B 64), ``batch1`` (D 512, F 2048, B 1) and ``params>>acts`` (D 1024, F 4096, B 4; a layer's
-parameters, 32 MB, against 80 KB of activations). Nothing runs: the numbers are XLA's buffer plan,
+parameters, 32 MB, against 80 KB of activations), and the project's GPT presets ``gpt-tiny`` and
+``gpt-small`` (``parity.inputs.presets``; the transformer block at depth N, loss the cross entropy,
+gradients of the parameters). Nothing runs: the numbers are XLA's buffer plan,
 deterministic for a given jax/jaxlib and CPU; nothing is timed.
 
 Usage::

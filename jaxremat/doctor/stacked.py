@@ -149,13 +149,20 @@ def parameter_copies(jaxpr: Any) -> list[StackedOutput]:
     return found
 
 
+def _is_tie(eqn: Any) -> bool:
+    """A one-entry in-place add (:func:`jaxremat.layer_pass.tie`: ``+ -0.0`` at one index, the bits kept)."""
+    return (eqn.primitive.name == "scatter-add" and len(eqn.invars) == 3
+            and int(np.prod(eqn.invars[2].aval.shape)) == 1)
+
+
 def _read_by_backward(jaxpr: Any, residuals: set) -> set:
-    """``residuals`` and the variables they are layout views of (a residual reshaped from ``y`` reads ``y``)."""
+    """``residuals`` and the variables they are layout views of (a residual reshaped from ``y`` reads ``y``),
+    or ties of (:func:`_is_tie`)."""
     producer = {o: e for e in jaxpr.eqns for o in e.outvars}
     read, todo = set(residuals), list(residuals)
     while todo:
         e = producer.get(todo.pop())
-        if e is not None and _is_view(e) and _is_var(e.invars[0]) and e.invars[0] not in read:
+        if e is not None and (_is_view(e) or _is_tie(e)) and _is_var(e.invars[0]) and e.invars[0] not in read:
             read.add(e.invars[0])
             todo.append(e.invars[0])
     return read

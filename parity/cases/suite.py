@@ -223,7 +223,6 @@ class _SuiteCases:
         B, T = self.suite.preset.batch_size, self.suite.preset.seq_len
         r = resolve(plan, framework, self.cfg, B, T, self.refs[(framework, mode)],
                     lambda p: self._run(framework, mode, p, again=False),
-                    min_checkpoint_length=self.suite.preset.min_checkpoint_length.get(framework, 1),
                     cost=self.suite.planner_cost, time_plans=lambda plans: self.time_plans(framework, plans))
         self.resolved[key] = r
         return _Planned(r, r.result)

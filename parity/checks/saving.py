@@ -4,7 +4,12 @@ A plan *promises* a saving when it keeps fewer activation bytes for the backward
 ``none`` does (its saved residuals, measured before any compiler runs, at least
 :data:`MIN_PROMISED` below ``none``'s). It *realizes* it when the measured peak activation of the
 training step, what the device sees (JAX: the compiled program's memory; PyTorch: the allocator's
-tracked peak), is below ``none``'s in the same framework, mode and dtype. A plan that promises and
+tracked peak), is at least :data:`MIN_REALIZED` below ``none``'s in the same framework, mode and
+dtype. A smaller difference is the size of a change in buffer layout, not a saving: measured on
+``gpt-tiny``'s width at N=2, ``every_k(2)`` (one checkpointed segment over the whole stack, which
+the chain model says cannot save) came out 1,016 B lower and ``none`` 128 B higher after a
+rendering change (loop counters and predicates), turning a peak 1.6% above ``none``'s into one
+0.6% below it. A plan that promises and
 does not realize gets status ``no_saving``: the run exits non-zero, and the case carries the cause
 in one line.
 
@@ -34,6 +39,9 @@ from parity.runners.result import RunResult
 MIN_PROMISED = 0.01
 """A plan promises a saving when its saved residual bytes are at least this fraction below ``none``'s."""
 
+MIN_REALIZED = 0.01
+"""A plan realizes its saving when its measured peak activation is at least this fraction below ``none``'s."""
+
 STATUS = "no_saving"
 """The status of a case whose plan promises a saving that its measured peak does not realize."""
 
@@ -49,12 +57,14 @@ def _predicted_ratio(framework: str, cfg, batch: int, seq: int, plan) -> float |
     return pred / ref if ref else None
 
 
-def _cause(framework: str, res: RunResult, ref: RunResult, predicted_ratio: float | None, n_layer: int,
-           batch: int, seq: int) -> str:
+def _cause(framework: str, res: RunResult, ref: RunResult, ratio: float, predicted_ratio: float | None,
+           n_layer: int, batch: int, seq: int) -> str:
+    below = (f" (measured peak activation {1 - ratio:.1%} below none's, under the {MIN_REALIZED:.0%} a saving "
+             "must reach)") if ratio < 1.0 else ""
     if predicted_ratio is not None and predicted_ratio >= 1.0:
         return (f"the schedule predicts no saving at N={n_layer}: its largest recomputed segment is as large as "
-                f"the stack (chain-model peak {predicted_ratio:.2f} x none's); use more, shorter segments")
-    return get_framework(framework).no_saving_cause(res, ref, batch, seq)
+                f"the stack (chain-model peak {predicted_ratio:.2f} x none's); use more, shorter segments{below}")
+    return get_framework(framework).no_saving_cause(res, ref, batch, seq) + below
 
 
 def attach_saving(case: dict, framework: str, cfg, batch: int, seq: int, plan, res: RunResult, ref: RunResult) -> None:
@@ -79,10 +89,10 @@ def attach_saving(case: dict, framework: str, cfg, batch: int, seq: int, plan, r
     act, act_ref = measured_peak_activation(res), measured_peak_activation(ref)
     ratio = act / act_ref if act is not None and act_ref else None
     predicted = _predicted_ratio(framework, cfg, batch, seq, plan)
-    realized = None if not promised or ratio is None else ratio < 1.0
+    realized = None if not promised or ratio is None else ratio <= 1.0 - MIN_REALIZED
     cause = None
     if realized is False:
-        cause = _cause(framework, res, ref, predicted, cfg.n_layer, batch, seq)
+        cause = _cause(framework, res, ref, ratio, predicted, cfg.n_layer, batch, seq)
         if case.get("status") == "pass":
             case["status"] = STATUS
     case["saving"] = {"promised": promised, "saved_ratio": saved / saved_ref if saved_ref else None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 from jaxremat.models import TransformerConfig, get_model
 
@@ -34,10 +34,6 @@ class ModelPreset:
         hparams: optimizer of the trained-weights check (None: :class:`AdamWConfig` defaults).
         eager_dropouts: dropout rates at which JAX also runs op by op (None: every rate).
         repeats: the preset's default ``--repeats`` (None: 5).
-        min_checkpoint_length: per framework name, the shortest checkpointed segment a budget plan may
-            have there (:func:`jaxremat.spec.planner.plan_for_budget`'s ``min_checkpoint_length``; 1
-            where a framework is not named): 2 where one-block checkpointed segments are not bitwise
-            under ``jit`` at this model.
         texts: for a BERT checkpoint, the bundled pairs its batches are cut from: ``"sentences"``
             (:func:`parity.inputs.sentences.sentence_batch`, 9-16 tokens a text) or ``"passages"``
             (:func:`parity.inputs.sentences.passage_batch`, 114-145 tokens a text, for T = 128).
@@ -54,7 +50,6 @@ class ModelPreset:
     hparams: Optional[AdamWConfig] = None
     eager_dropouts: Optional[tuple[float, ...]] = None
     repeats: Optional[int] = None
-    min_checkpoint_length: Mapping[str, int] = dataclasses.field(default_factory=dict)
     texts: str = "sentences"
 
     def __post_init__(self):

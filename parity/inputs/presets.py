@@ -44,9 +44,6 @@ PRESETS: dict[str, ModelPreset] = {
             eager_dropouts=(),  # op by op a step costs tens of seconds here: jit and torch run both rates
             repeats=2,
             texts="passages",
-            # the planner leaves one-block checkpointed segments out of its JAX space: plan(1+save_dots,5:store)
-            # measured 262144 ULP under jit at the short shape, bitwise op by op
-            min_checkpoint_length={"jax": 2},
         ),
         ModelPreset(
             "minilm-l6-short",
@@ -61,7 +58,6 @@ PRESETS: dict[str, ModelPreset] = {
             hparams=FINE_TUNE,
             eager_dropouts=(0.0,),  # op by op a step costs seconds here; jit and torch run both rates
             repeats=2,
-            min_checkpoint_length={"jax": 2},
         ),
     )
 }

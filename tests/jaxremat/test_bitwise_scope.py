@@ -166,6 +166,23 @@ def test_op_by_op_none_is_the_users_unrolled_loop(bits):
     assert bits.equal(_call("eager", loop, p), _call("eager", scan(none), p))
 
 
+def test_closed_over_value_gradient_bitwise_in_the_reverse_loop_not_always_with_checkpoint(bits):
+    """A trained value the block closes over (not a stacked parameter), as a user writes it: its
+    gradient is bitwise in the default reverse loop (here under ``jit``; op by op measured too);
+    ``method="checkpoint"`` rounds it apart at ``every_k(2)``, op by op and under ``jit`` (2 ULP here)."""
+    ws, x, _ = _inputs()
+    scale = jax.random.normal(jax.random.key(3), (D,))
+
+    def loss(schedule, **kw):
+        def f(scale, ws):
+            return (remat_scan(lambda w, h, _: h + jnp.tanh((h * scale) @ w), ws, x, schedule, **kw) ** 2).sum()
+        return jax.grad(f)
+
+    assert bits.equal(_call("jit", loss(every_k(2)), scale, ws), _call("jit", loss(none), scale, ws))
+    got, ref = _call("jit", loss(every_k(2), method="checkpoint"), scale, ws), _call("jit", loss(none), scale, ws)
+    assert 0 < bits.max_ulp(got, ref) <= 64 and _rel(got, ref) < 1e-6
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion emitters")
 def test_xla_cpu_rounds_a_multiply_add_by_its_fusion(bits):
     """Why a user's block can round apart under jit with jax 0.12 (tests/jaxremat/test_flax_api*.py's

@@ -89,8 +89,7 @@ def ulp_per_layer(a, b) -> list[int]:
 
 # {schedule: runs} of the rule's primal and fwd, per (method, choice)
 RUNS = {
-    ("reverse_loop", "recompute"): {"none": {FWD: 4}, "full": {PRIMAL: 4, FWD: 4}, "every_k(2)": {PRIMAL: 4, FWD: 4},
-                                    "sqrt": {PRIMAL: 2, FWD: 4}},
+    ("reverse_loop", "recompute"): {"none": {FWD: 4}, "full": {FWD: 8}, "every_k(2)": {FWD: 8}, "sqrt": {FWD: 6}},
     ("reverse_loop", "save"): dict.fromkeys(SCHEDULES, {FWD: 4}),
     ("checkpoint", "recompute"): {"none": {FWD: 4}, "full": {FWD: 8}, "every_k(2)": {FWD: 8}, "sqrt": {FWD: 6}},
     ("checkpoint", "save"): dict.fromkeys(SCHEDULES, {FWD: 4}),
@@ -99,13 +98,14 @@ RUNS = {
 
 @pytest.mark.parametrize("method,choice", list(RUNS))
 def test_custom_vjp_rule_runs_per_schedule_and_choice(method, choice):
-    """Recompute: the reverse loop runs the primal in the forward pass and ``fwd`` in the recompute;
-    ``jax.checkpoint`` runs ``fwd`` in both (8 for 4 layers under full). Save: ``fwd`` once per layer."""
+    """Recompute: ``fwd`` in a checkpointed layer's forward pass and again in its recompute (8 for 4
+    layers under full), in the reverse loop (whose forward pass is the program of ``jax.vjp`` of the
+    layer, the same as ``none``'s) as in ``jax.checkpoint``. Save: ``fwd`` once per layer."""
     assert {s: runs(s, method, choice) for s in SCHEDULES} == RUNS[method, choice]
 
 
 def test_custom_vjp_rule_runs_with_a_policy():
-    """A policy in the reverse loop is ``jax.checkpoint``'s: ``fwd`` twice per layer unless saved."""
+    """Under a policy too: ``fwd`` twice per layer unless saved."""
     assert runs("full", policy="save_dots") == {FWD: 8}
     assert runs("full", choice="save", policy="save_dots") == {FWD: 4}
 
@@ -124,7 +124,7 @@ def test_runs_counted_in_the_program_match_callbacks_at_run_time():
         return jax.nn.gelu(x @ w), (x, w, x @ w)
 
     dense_gelu.defvjp(fwd, OPS[False, False].bwd)
-    for method, expected in [("reverse_loop", {PRIMAL: 4, FWD: 4}), ("checkpoint", {PRIMAL: 0, FWD: 8})]:
+    for method, expected in [("reverse_loop", {PRIMAL: 0, FWD: 8}), ("checkpoint", {PRIMAL: 0, FWD: 8})]:
         calls.update({PRIMAL: 0, FWD: 0})
         f = lambda w, x: jnp.sum(remat_scan(lambda w, h, _: h + dense_gelu(h, w), w, x, "full", method=method) ** 2)
         jax.block_until_ready(jax.jit(jax.grad(f))(W, X))
@@ -135,7 +135,7 @@ def test_runs_counted_in_the_program_match_callbacks_at_run_time():
 # saved activation bytes (jaxpr level), in units of one (B, D) float32 activation; none keeps 9
 BYTES = {
     "reverse_loop": {"recompute": {"full": 5, "every_k(2)": 3, "sqrt": 5},
-                     "save": {"none": 9, "full": 13, "every_k(2)": 11, "sqrt": 9}},
+                     "save": {"none": 9, "full": 9, "every_k(2)": 9, "sqrt": 9}},
     "checkpoint": {"recompute": {"full": 5, "every_k(2)": 3, "sqrt": 6},
                    "save": {"none": 9, "full": 9, "every_k(2)": 11, "sqrt": 10}},
 }
@@ -143,7 +143,10 @@ BYTES = {
 
 @pytest.mark.parametrize("method", list(BYTES))
 def test_saved_bytes_per_choice_beside_none(method):
-    """Save keeps the rule's ``x @ w`` and output per checkpointed layer, beside each segment's boundary."""
+    """Save keeps the rule's ``x @ w`` per checkpointed layer, beside each segment's boundary; in the
+    reverse loop every checkpointed layer is then a segment of its own whose input is its boundary
+    (the rule's ``x``), so every schedule keeps what ``none`` keeps: 4 inputs, 4 ``x @ w`` and the
+    loss's ``2 * out``, and the rule's ``fwd`` runs once per layer."""
     none = saved_activation_bytes(loss("none", method), W, X)
     assert none == 9 * UNIT
     for choice, per_schedule in BYTES[method].items():
@@ -164,7 +167,15 @@ def test_every_choice_bitwise_with_none_op_by_op(method, schedule):
         assert ulp_per_layer(eager_grads(schedule, method, choice), eager_none(method)) == [0] * N, choice
 
 
-@pytest.mark.parametrize("method", ["reverse_loop", pytest.param("checkpoint", marks=SLOW)])
+def test_recompute_and_save_bitwise_with_none_under_jit():
+    """The reverse loop: both choices, every schedule, bitwise with ``none`` under ``jit``."""
+    ref = jit_grads("none")
+    for schedule in SCHEDULES:
+        assert ulp_per_layer(jit_grads(schedule), ref) == [0] * N, schedule
+        assert ulp_per_layer(jit_grads(schedule, "reverse_loop", "save"), ref) == [0] * N, schedule
+
+
+@pytest.mark.parametrize("method", [pytest.param("checkpoint", marks=SLOW)])
 def test_recompute_bitwise_with_none_under_jit_and_save_at_full(method):
     ref = jit_grads("none", method)
     for schedule in SCHEDULES:
@@ -174,13 +185,13 @@ def test_recompute_bitwise_with_none_under_jit_and_save_at_full(method):
 
 @CPU_ONLY
 @pytest.mark.parametrize("method,schedule,recomputed_inputs", [
-    ("reverse_loop", "every_k(2)", {1, 3}), pytest.param("reverse_loop", "sqrt", {1}, marks=SLOW),
     pytest.param("checkpoint", "every_k(2)", {1, 3}, marks=SLOW), pytest.param("checkpoint", "sqrt", {1}, marks=SLOW)])
 def test_save_under_jit_rounds_apart_where_a_saved_output_meets_a_fused_add(method, schedule, recomputed_inputs):
-    """Under ``jit`` XLA:CPU computes ``h + gelu(x @ w)`` as one fused multiply-add (the gelu's last
-    product and the residual add, rounded once); a saved gelu output is rounded on its own, so a
-    layer input recomputed from it (the 2nd layer of a segment) is a few ULP off the forward's, and
-    so is that layer's weight gradient. The same block with ``h * gelu(...)`` is bitwise."""
+    """``method="checkpoint"``: under ``jit`` XLA:CPU computes ``h + gelu(x @ w)`` as one fused
+    multiply-add (the gelu's last product and the residual add, rounded once); a saved gelu output is
+    rounded on its own, so a layer input recomputed from it (the 2nd layer of a segment) is a few ULP
+    off the forward's, and so is that layer's weight gradient. The same block with ``h * gelu(...)``
+    is bitwise. (The reverse loop keeps each checkpointed layer's input under ``"save"`` instead.)"""
     save, none = jit_grads(schedule, method, "save"), jit_grads("none", method)
     ulp = ulp_per_layer(save, none)
     differing = {i for i, u in enumerate(ulp) if u}
@@ -210,13 +221,13 @@ def test_forward_residual_add_is_one_fused_multiply_add_on_xla_cpu():
 
 def test_optimize_remat_runs_the_primal_in_the_checkpoints_forward_pass():
     """``optimize_remat=True``: ``jax.checkpoint`` runs the primal in the forward pass, then ``fwd`` in
-    the recompute (bytes unchanged); the reverse loop without a policy is unchanged (it runs the primal
-    already); with ``save_dots`` the op's product is then no longer a saved dot."""
+    the recompute (bytes unchanged); the reverse loop, whose forward pass is the program of
+    ``jax.vjp`` of the layer (``none``'s), runs ``fwd`` in both, policy or not."""
     opt = (True, False)
     assert runs("full", "checkpoint", op=opt) == {PRIMAL: 4, FWD: 4}
     assert runs("every_k(2)", "checkpoint", op=opt) == {PRIMAL: 4, FWD: 4}
-    assert runs("full", op=opt) == runs("full") == {PRIMAL: 4, FWD: 4}
-    assert runs("full", policy="save_dots", op=opt) == {PRIMAL: 4, FWD: 4}
+    assert runs("full", op=opt) == runs("full") == {FWD: 8}
+    assert runs("full", policy="save_dots", op=opt) == {FWD: 8}
     assert saved_activation_bytes(loss("full", "checkpoint", op=opt), W, X) == 5 * UNIT
     assert saved_activation_bytes(loss("full", policy="save_dots", op=opt), W, X) == 5 * UNIT
     assert runs("full", "checkpoint", "save", op=opt) == {FWD: 4}
@@ -283,7 +294,8 @@ def test_nnx_remat_stack_and_linen_pass_the_choice_on():
     def nnx_loss(choice, schedule="full"):
         return lambda x: jnp.sum(remat_stack(stack, x, schedule, custom_vjp_residuals=choice) ** 2)
 
-    assert count_named_runs(jax.grad(nnx_loss("recompute")), X) == {PRIMAL: 4, FWD: 4}
+    with pytest.warns(RematPolicyWarning, match="fwd.*runs twice per checkpointed layer"):
+        assert count_named_runs(jax.grad(nnx_loss("recompute")), X) == {FWD: 8}
     got = count_named_runs(jax.grad(nnx_loss("save")), X)
     assert got.get(FWD) == 4 and PRIMAL not in got
     module = RematStack(stack, "full", custom_vjp_residuals="save")
@@ -300,4 +312,5 @@ def test_nnx_remat_stack_and_linen_pass_the_choice_on():
     variables = linen_init_stack(Block(), jax.random.key(0), X, N)
     lin = lambda choice: lambda v: jnp.sum(linen_remat_stack(Block(), v, X, "full", custom_vjp_residuals=choice) ** 2)
     assert count_named_runs(jax.grad(lin("save")), variables).get(FWD) == 4
-    assert count_named_runs(jax.grad(lin("recompute")), variables).get(PRIMAL) == 4
+    with pytest.warns(RematPolicyWarning, match="fwd.*runs twice per checkpointed layer"):
+        assert count_named_runs(jax.grad(lin("recompute")), variables) == {FWD: 8}

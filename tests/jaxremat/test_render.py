@@ -138,12 +138,9 @@ def test_jit_one_layer_segments_bitwise_without_dropout(run, schedule, bits):
 
 
 @pytest.mark.jaxremat_slow
-def test_jit_one_layer_segments_with_dropout_differ_by_rounding_only(run, bits):
-    """The remaining exception, measured at the tiny shape: within a few float32 eps (relative to max)."""
-    (l_a, g_a), (l_b, g_b) = run("tiny", full, "jit", 0.1), run("tiny", none, "jit", 0.1)
-    assert bits.equal(l_a, l_b)
-    worst = max(bits.max_rel(g_a[k], g_b[k]) for k in g_a)
-    assert 0 < worst <= 1e-6, worst
+def test_jit_one_layer_segments_bitwise_with_dropout(run, bits):
+    """With dropout 0.1 at the tiny shape (a few float32 eps apart before every layer ran isolated)."""
+    _assert_same(run("tiny", full, "jit", 0.1), run("tiny", none, "jit", 0.1), bits)
 
 
 @pytest.mark.parametrize("schedule", ["full", "every_k(2)"])
@@ -192,7 +189,8 @@ def test_full_saves_only_the_per_layer_block_inputs(tiny):
     bp, x = block_params_of(params), jnp.ones((2, 8, 16))
     kept = [r for r in saved_residuals(_stack_fn(cfg, full), bp, x) if not r.is_argument]
     assert [(r.shape, r.dtype) for r in kept] == [((5, 2, 8, 16), "float32")]  # (N, B, T, D)
-    assert "scan" in kept[0].description
+    # the boundaries stacked by the scan, with the last layer's unused residuals read into one entry
+    assert "(tie)" in kept[0].description
     args = [r for r in saved_residuals(_stack_fn(cfg, full), bp, x) if r.is_argument]
     # the parameters are read where they are (each layer its own slice): no (n_seg, k, ...) views
     assert sorted(r.shape for r in args) == sorted(a.shape for a in jax.tree.leaves(bp))

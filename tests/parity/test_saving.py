@@ -38,6 +38,16 @@ def test_realized_saving_passes():
     assert case["saving"]["peak_activation_ratio"] == 0.5
 
 
+def test_a_peak_under_one_percent_below_none_is_no_saving():
+    # a buffer-layout change moves a compiled peak by hundreds of bytes either way: not a saving
+    case = _case("full", _res(200, 9960, 7960))
+    assert case["status"] == STATUS and case["saving"]["realized"] is False
+    assert case["saving"]["peak_activation_ratio"] == 0.995
+    assert case["saving"]["cause"].endswith("(measured peak activation 0.5% below none's, under the 1% a saving must reach)")
+    case = _case("full", _res(200, 9920, 7920))
+    assert case["status"] == "pass" and case["saving"]["realized"] and case["saving"]["cause"] is None
+
+
 def test_promised_but_not_realized_is_no_saving_with_a_cause():
     case = _case("every_k(2)", _res(300, 10_000, 8000))
     assert case["status"] == STATUS and case["saving"]["realized"] is False
@@ -102,7 +112,10 @@ def test_suite_records_the_realized_saving_of_each_case():
 
 
 def test_jax_whole_stack_segment_measured_is_no_saving(run_framework):
-    """Real compiled memory: every_k(2) at N=2 recomputes the whole stack at once and saves nothing."""
+    """Real compiled memory: every_k(2) at N=2 recomputes the whole stack at once and saves nothing.
+
+    Its compiled peak activation lies within buffer-layout distance of none's (1.6% above at one
+    rendering, 0.6% below at another): no_saving either way, blamed on the schedule."""
     from jaxremat.spec import parse_schedule
     from jaxremat.models import init_params
 
@@ -119,6 +132,9 @@ def test_jax_whole_stack_segment_measured_is_no_saving(run_framework):
         case = {"status": "pass", "plan": name}
         attach_saving(case, "jax", cfg, 2, cfg.max_seq_len, parse_plan(name), run(name), ref)
         assert case["status"] == expect, (name, case["saving"])
+        if name == "every_k(2)":
+            assert abs(case["saving"]["peak_activation_ratio"] - 1.0) < 0.02, case["saving"]
+            assert "predicts no saving at N=2" in case["saving"]["cause"]
     assert parse_schedule("sqrt").segments_for(2)[0].checkpointed
 
 
