@@ -61,7 +61,7 @@ def test_cli_run_writes_valid_report(tiny_report):
             assert "residual_ratio" not in c["saving"] and "saved_ratio" in c["saving"]
     for x in report["cross_framework"]:
         assert REQUIRED_CROSS_KEYS <= set(x) and x["ok"], x
-    assert rc == 0
+    assert rc == 1  # MIXED's JAX no_saving cases fail the run (the segment-plan test below)
     md = (out / "report.md").read_text()
     assert "| framework |" in md and "JAX vs PyTorch" in md
 
