@@ -53,7 +53,7 @@ import subprocess
 import sys
 import time
 
-from parity.checks.timing import load_average_1min, ratio_spread
+from parity.checks.timing import RatioSpread, load_average_1min, ratio_spread
 
 PLANS = ("none", "full", "every_k(2)", "sqrt", "full+attention_only", "budget(50%)")
 BUDGET_PLANS = ("budget(50%)", "budget(50%):time", "best_uniform(50%)", "best_uniform(50%):time")
@@ -133,7 +133,7 @@ def _plan_timer(framework: str, cfg, params, tokens):
 def _choices(plans: list[str], chains, n_layer: int, time_plans=None) -> tuple[dict, dict]:
     """``({name: RematPlan}, {name: candidates})`` for the plans of ``plans`` that are not plain torch: budget plans
     chosen (:func:`_budget_plan`), the others parsed; per budget plan chosen among candidates timed whole, the
-    candidates (plan, why, recompute MFLOP, step ms, ratio to the model's choice) and the choice's reason."""
+    ``choice_reason``, ``timing`` and ``candidates`` of :func:`parity.cases.budget_plan.timed_choice`."""
     from jaxremat.spec.plan import parse_plan
 
     chosen, candidates = {}, {}
@@ -145,9 +145,7 @@ def _choices(plans: list[str], chains, n_layer: int, time_plans=None) -> tuple[d
             continue
         chosen[name], pred = _budget_plan(name, chains, n_layer, time_plans)
         if "candidates" in pred:
-            candidates[name] = {"reason": pred["choice_reason"], "timing": pred["timing"], "rows": [
-                {"plan": c["plan"], "sources": c["sources"], "recompute_mflop": c["recompute_flops"] / 1e6,
-                 "step_ms": c["step_ms"], "vs_model_choice": c["vs_model_choice"]} for c in pred["candidates"]]}
+            candidates[name] = {k: pred[k] for k in ("choice_reason", "timing", "candidates")}
     return chosen, candidates
 
 
@@ -367,19 +365,22 @@ def print_size(size: str, runs: list[dict], clock: str) -> None:
         for label, rs in sums[f]["vs_budget"].items():
             verdict = "noise: decides nothing" if rs.noise else "slower" if rs.median > 1 else "no slower"
             print(f"- {f}: `{label}` = {rs.text(3)} ({verdict}; {sums[f]['load']})")
-    for r in runs if clock == "cpu" else ():  # chosen once, on CPU time
+    if clock == "cpu":  # chosen once, on CPU time
+        _print_candidates(runs)
+
+
+def _print_candidates(runs: list[dict]) -> None:
+    """Per plan chosen among candidates timed whole: the choice, why, and every candidate with its paired ratio."""
+    def ratio(d: dict) -> str:
+        return RatioSpread(d["median"], d["min"], d["max"], d["rounds"]).text(3)
+
+    for r in runs:
         for name, c in r.get("candidates", {}).items():
-            print(f"- {r['framework']}: `{name}` chose `{r['resolved'][name]}`: {c['reason']} ({c['timing']['rounds']} "
-                  f"rounds, load {c['timing']['load_1min']}); candidates: " + "; ".join(
-                      f"`{row['plan']}` ({', '.join(row['sources'])}; {row['recompute_mflop']:.0f} MFLOP; "
-                      f"{row['step_ms'][0]:.0f} ms; {_ratio_text(row['vs_model_choice'])})" for row in c["rows"]))
-
-
-def _ratio_text(d: dict) -> str:
-    """A :meth:`parity.checks.timing.RatioSpread.as_dict` as its text (``noise (...)`` where it is noise)."""
-    from parity.checks.timing import RatioSpread
-
-    return RatioSpread(d["median"], d["min"], d["max"], d["rounds"]).text(3) + " of the model's choice"
+            print(f"- {r['framework']}: `{name}` chose `{r['resolved'][name]}`: {c['choice_reason']} "
+                  f"({c['timing']['rounds']} rounds, load {c['timing']['load_1min']}); candidates: " + "; ".join(
+                      f"`{row['plan']}` ({', '.join(row['sources'])}; {row['recompute_flops'] / 1e6:.0f} MFLOP; "
+                      f"{row['step_ms'][0]:.0f} ms; {ratio(row['vs_model_choice'])} of the model's choice)"
+                      for row in c["candidates"]))
 
 
 def _run_worker(framework: str, size: str, plans: list[str], rounds: int, core: int) -> dict:
