@@ -132,7 +132,7 @@ def test_bench_planner_chooses_jax_time_plans_among_whole_plans_timed_once():
     assert timed[0] == timed[1] and chosen["budget(50%):time"].name == timed[0][-1]
     assert chosen["best_uniform(50%):time"].name == timed[0][-1]  # the uniform candidates are the planner's too
     assert list(cands) == ["budget(50%):time", "best_uniform(50%):time"]
-    rows = cands["budget(50%):time"]["rows"]
+    rows = cands["budget(50%):time"]["candidates"]
     assert rows[0]["plan"] == chosen["budget(50%)"].name and rows[0]["vs_model_choice"]["median"] == 1.0
-    assert cands["budget(50%):time"]["reason"].startswith("measured fastest of ")
+    assert cands["budget(50%):time"]["choice_reason"].startswith("measured fastest of ")
     assert bench._plan_timer("torch", cfg, {}, None) is None and bench._plan_timer("jax", cfg, {}, None) is not None
