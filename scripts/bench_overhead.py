@@ -35,7 +35,10 @@ Usage::
     python scripts/bench_overhead.py --planner     # the planner on FLOPs and on measured time, and the uniform plans
 
 ``--planner`` times :data:`BUDGET_PLANS` and pairs the time-cost plan directly with the others
-(:data:`PLANNER_PAIRS`); the time-cost chain is measured in the worker, pinned like the steps.
+(:data:`PLANNER_PAIRS`). The ``:time`` plans are chosen in the worker, pinned like the steps, the way
+``python -m parity plan --cost time`` chooses them (:attr:`parity.runners.framework.FrameworkInfo.time_cost`):
+PyTorch on block options timed on segments; JAX among candidate plans compiled and timed whole
+(:func:`parity.cases.budget_plan.timed_choice`), whose compiled steps the benchmark then times.
 
 Not a timed test: it prints ratios measured side by side (docs/time.md has the figures).
 """
@@ -50,14 +53,15 @@ import subprocess
 import sys
 import time
 
-from parity.checks.timing import load_average_1min, ratio_spread
+from parity.checks.timing import RatioSpread, load_average_1min, ratio_spread
 
 PLANS = ("none", "full", "every_k(2)", "sqrt", "full+attention_only", "budget(50%)")
 BUDGET_PLANS = ("budget(50%)", "budget(50%):time", "best_uniform(50%)", "best_uniform(50%):time")
 """Plans chosen for 50% of none's predicted peak activation: the planner's (``budget``) and the best uniform plan
 that fits (``best_uniform``, :func:`parity.cases.budget_plan.choose_plan`), on recompute FLOPs or, with ``:time``,
-on each block option's time measured in the worker first (:func:`jaxremat.block_time.timed_chain`,
-:func:`torchref.block_time.timed_chain`). ``--planner`` times them all."""
+on measured time as the framework's time cost measures it: PyTorch's block options timed on segments in the worker
+first (:func:`torchref.block_time.timed_chain`), JAX's candidate plans timed whole
+(:func:`parity.cases.budget_plan.timed_choice`). ``--planner`` times them all."""
 PLANNER_PAIRS = (("best_uniform(50%):time", "budget(50%):time"), ("best_uniform(50%)", "budget(50%):time"),
                  ("budget(50%)", "budget(50%):time"))
 """(reference, candidate): the time-cost plan paired directly with the uniform plans and the FLOPs plan."""
@@ -86,18 +90,63 @@ def _config(size: str):
                              d_ff=d_ff, max_seq_len=seq), batch, seq
 
 
-def _budget_plan(name: str, chains, n_layer: int):
-    """The plan ``name`` of :data:`BUDGET_PLANS` for 50% of ``none``'s predicted peak activation; ``chains(cost)``
-    gives the chain (measured once per cost)."""
+def _budget_plan(name: str, chains, n_layer: int, time_plans=None):
+    """``(plan, predictions)``: the plan ``name`` of :data:`BUDGET_PLANS` for 50% of ``none``'s predicted peak
+    activation; ``chains(cost)`` gives the chain (measured once per cost). With ``time_plans`` (a framework whose
+    time cost is whole plans, :attr:`parity.runners.framework.FrameworkInfo.time_cost` ``"plans"``), a ``:time``
+    plan is the fastest candidate timed whole (:func:`parity.cases.budget_plan.timed_choice`), as
+    ``python -m parity plan`` chooses it."""
     from jaxremat.spec.planner import chain_costs, parse_budget
-    from parity.cases.budget_plan import BudgetRequest, choose_plan
+    from parity.cases.budget_plan import BudgetRequest, choose_plan, timed_choice
 
     kind, _, cost = name.partition(":")
-    chain = chains(cost or "flops")
+    whole = cost == "time" and time_plans is not None
+    chain = chains("flops" if whole else cost or "flops")
     none_peak, _, _ = chain_costs(chain["options_per_block"], [(n_layer, "store")], chain["boundary_bytes"],
                                   chain["invariant_bytes"])
     request = BudgetRequest(kind.split("(")[0], parse_budget("50%"))
-    return choose_plan(request, chain, n_layer, (none_peak + chain["fixed_bytes"]) // 2, 1, cost or "flops")[0]
+    target = (none_peak + chain["fixed_bytes"]) // 2
+    if whole:
+        return timed_choice(request, chain, n_layer, target, 1, time_plans)
+    return choose_plan(request, chain, n_layer, target, 1, cost or "flops")
+
+
+def _plan_timer(framework: str, cfg, params, tokens):
+    """``plans -> PlanTimes`` (:func:`parity.cases.plan_timing.time_plans`, in this pinned worker) where the
+    framework times whole plans for its time cost, else None; one timing per list of plans (both kinds of
+    :func:`parity.cases.budget_plan.timed_choice` time the same list)."""
+    from parity.cases.plan_timing import time_plans
+    from parity.runners.framework import FRAMEWORKS
+
+    if FRAMEWORKS[framework].time_cost != "plans":
+        return None
+    got = {}
+
+    def timer(plans):
+        key = tuple(p.name for p in plans)
+        if key not in got:
+            got[key] = time_plans(framework, cfg, params, tokens, plans)
+        return got[key]
+    return timer
+
+
+def _choices(plans: list[str], chains, n_layer: int, time_plans=None) -> tuple[dict, dict]:
+    """``({name: RematPlan}, {name: candidates})`` for the plans of ``plans`` that are not plain torch: budget plans
+    chosen (:func:`_budget_plan`), the others parsed; per budget plan chosen among candidates timed whole, the
+    ``choice_reason``, ``timing`` and ``candidates`` of :func:`parity.cases.budget_plan.timed_choice`."""
+    from jaxremat.spec.plan import parse_plan
+
+    chosen, candidates = {}, {}
+    for name in plans:
+        if name in TORCH_REFERENCES:
+            continue
+        if name not in BUDGET_PLANS:
+            chosen[name] = parse_plan(name)
+            continue
+        chosen[name], pred = _budget_plan(name, chains, n_layer, time_plans)
+        if "candidates" in pred:
+            candidates[name] = {k: pred[k] for k in ("choice_reason", "timing", "candidates")}
+    return chosen, candidates
 
 
 def _chains(model_chain, timed_chain, cfg, batch: int, seq: int):
@@ -158,7 +207,8 @@ def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     cfg, batch, seq = _config(size)
-    model = GPT.from_params(cfg, init_params(cfg))
+    params = init_params(cfg)
+    model = GPT.from_params(cfg, params)
     tokens = torch.from_numpy(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)))
     n_sqrt = len(parse_plan("sqrt").schedule.segments_for(cfg.n_layer))
 
@@ -188,12 +238,8 @@ def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
             lm_loss(logits, targets).backward()
         return step
 
-    chosen = {}
     chains, got = _chains(model_chain, timed_chain, cfg, batch, seq)
-    for name in plans:
-        if name in TORCH_REFERENCES:
-            continue
-        chosen[name] = _budget_plan(name, chains, cfg.n_layer) if name in BUDGET_PLANS else parse_plan(name)
+    chosen, candidates = _choices(plans, chains, cfg.n_layer, _plan_timer("torch", cfg, params, tokens.numpy()))
 
     def ours(plan):
         def step():
@@ -204,7 +250,7 @@ def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
     steps = {n: (plain(n) if n in TORCH_REFERENCES else ours(chosen[n])) for n in plans}
     steps[FORWARD] = lambda: model_loss(model, tokens, chosen["none"])  # graph recorded, as a recompute does
     info = {"threads": torch.get_num_threads(), "version": torch.__version__,
-            "resolved": {n: p.name for n, p in chosen.items()}, **_option_times(got)}
+            "resolved": {n: p.name for n, p in chosen.items()}, "candidates": candidates, **_option_times(got)}
     return steps, info
 
 
@@ -219,25 +265,27 @@ def _jax_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
     from jaxremat.block_time import timed_chain
     from jaxremat.planner import model_chain
     from jaxremat.spec.plan import parse_plan
+    from parity.runners.jax_runner import compiled_step
 
     cfg, batch, seq = _config(size)
-    params = {k: jnp.asarray(v) for k, v in init_params(cfg).items()}
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)), dtype=jnp.int32)
-    steps, resolved, compile_s = {}, {}, {}
+    canonical = init_params(cfg)
+    tokens_np = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1))
+    params = {k: jnp.asarray(v) for k, v in canonical.items()}
+    tokens = jnp.asarray(tokens_np, dtype=jnp.int32)
     chains, got = _chains(model_chain, timed_chain, cfg, batch, seq)
-    for name in plans:
-        if name in TORCH_REFERENCES:
-            continue
-        plan = _budget_plan(name, chains, cfg.n_layer) if name in BUDGET_PLANS else parse_plan(name)
+    t0 = time.perf_counter()
+    chosen, candidates = _choices(plans, chains, cfg.n_layer, _plan_timer("jax", cfg, canonical, tokens_np))
+    choose_s = time.perf_counter() - t0
+    steps, compile_s = {}, {}
+    for name, plan in chosen.items():
         t0 = time.perf_counter()
-        compiled = jax.jit(jax.value_and_grad(lambda p, t, plan=plan: loss_fn(p, t, cfg, plan))).lower(
-            params, tokens).compile()
+        compiled = compiled_step(cfg, plan, tuple(tokens.shape), False)  # the candidates' own, compiled once
         compile_s[name] = time.perf_counter() - t0
-        steps[name] = lambda c=compiled: jax.block_until_ready(c(params, tokens))
-        resolved[name] = plan.name
+        steps[name] = lambda c=compiled: jax.block_until_ready(c(params, tokens, None))
     forward = jax.jit(lambda p, t: loss_fn(p, t, cfg, parse_plan("none"))).lower(params, tokens).compile()
     steps[FORWARD] = lambda: jax.block_until_ready(forward(params, tokens))
-    return steps, {"version": jax.__version__, "resolved": resolved, "compile_s": compile_s, **_option_times(got)}
+    return steps, {"version": jax.__version__, "resolved": {n: p.name for n, p in chosen.items()},
+                   "compile_s": compile_s, "choose_s": choose_s, "candidates": candidates, **_option_times(got)}
 
 
 def _option_times(chains: dict) -> dict:
@@ -317,6 +365,22 @@ def print_size(size: str, runs: list[dict], clock: str) -> None:
         for label, rs in sums[f]["vs_budget"].items():
             verdict = "noise: decides nothing" if rs.noise else "slower" if rs.median > 1 else "no slower"
             print(f"- {f}: `{label}` = {rs.text(3)} ({verdict}; {sums[f]['load']})")
+    if clock == "cpu":  # chosen once, on CPU time
+        _print_candidates(runs)
+
+
+def _print_candidates(runs: list[dict]) -> None:
+    """Per plan chosen among candidates timed whole: the choice, why, and every candidate with its paired ratio."""
+    def ratio(d: dict) -> str:
+        return RatioSpread(d["median"], d["min"], d["max"], d["rounds"]).text(3)
+
+    for r in runs:
+        for name, c in r.get("candidates", {}).items():
+            print(f"- {r['framework']}: `{name}` chose `{r['resolved'][name]}`: {c['choice_reason']} "
+                  f"({c['timing']['rounds']} rounds, load {c['timing']['load_1min']}); candidates: " + "; ".join(
+                      f"`{row['plan']}` ({', '.join(row['sources'])}; {row['recompute_flops'] / 1e6:.0f} MFLOP; "
+                      f"{row['step_ms'][0]:.0f} ms; {ratio(row['vs_model_choice'])} of the model's choice)"
+                      for row in c["candidates"]))
 
 
 def _run_worker(framework: str, size: str, plans: list[str], rounds: int, core: int) -> dict:

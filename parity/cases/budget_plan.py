@@ -57,7 +57,8 @@ from jaxremat.spec.schedules import parse_schedule
 from parity.cases.plan_timing import PlanTimes, fastest
 from parity.runners.framework import get_framework
 
-__all__ = ["BudgetRequest", "MAX_ATTEMPTS", "Resolution", "candidate_plans", "choose_plan", "parse_case_plan", "resolve", "uniform_candidates"]
+__all__ = ["BudgetRequest", "MAX_ATTEMPTS", "Resolution", "candidate_plans", "choose_plan", "parse_case_plan", "resolve",
+           "timed_choice", "uniform_candidates"]
 
 MAX_ATTEMPTS = 4
 """Plans tried per budget case before the last is reported (module docstring, step 3)."""
@@ -247,10 +248,22 @@ def candidate_plans(chains: dict, n: int, target: int, min_len: int = 1) -> dict
     return {kind: list(got.values()) for kind, got in out.items()}
 
 
-def _timed_choice(request: BudgetRequest, chain: dict, n: int, target: int, min_len: int,
-                  time_plans: Callable) -> tuple[RematPlan, dict]:
-    """The fastest candidate of ``request``'s kind, measured (:func:`candidate_plans` on the FLOPs chain, every
-    candidate of both kinds timed in one interleaved run), with ``candidates`` and ``choice_reason`` added."""
+def timed_choice(request: BudgetRequest, chain: dict, n: int, target: int, min_len: int,
+                 time_plans: Callable[[list], PlanTimes]) -> tuple[RematPlan, dict]:
+    """The fastest candidate of ``request``'s kind for ``target`` bytes (whole-step peak activation), measured.
+
+    :func:`candidate_plans` on the FLOPs ``chain``; every candidate of both kinds is timed in one interleaved run
+    (``time_plans(plans) -> PlanTimes``, e.g. :func:`parity.cases.plan_timing.time_plans`; the same list of plans
+    for both kinds, so a caller may time it once), the choice :func:`parity.cases.plan_timing.fastest`'s.
+
+    Returns:
+        ``(plan, predictions)``: the predictions of :func:`choose_plan` with ``choice_reason``, ``candidates``
+        (per candidate of the kind: ``plan``, ``sources``, ``recompute_flops``, ``predicted_peak_activation_bytes``,
+        ``step_ms`` [median, min, max], ``vs_model_choice``: the paired ratio to the model's choice) and ``timing``.
+
+    Raises:
+        jaxremat.spec.planner.NoPlanFits: no plan of the space fits.
+    """
     cands = candidate_plans({"flops": chain}, n, target, min_len)
     mine = cands[request.kind]
     timing = time_plans([p for p, _ in {p.name: (p, d) for p, d in cands["budget"] + mine}.values()])
@@ -312,7 +325,7 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
     last = None
     for _ in range(MAX_ATTEMPTS):
         try:
-            plan, pred = (_timed_choice(request, chain, n, target, min_checkpoint_length, time_plans) if whole
+            plan, pred = (timed_choice(request, chain, n, target, min_checkpoint_length, time_plans) if whole
                           else choose_plan(request, chain, n, target, min_checkpoint_length, cost))
         except NoPlanFits as exc:
             if not attempts:

@@ -104,3 +104,35 @@ def test_fmt_time_ratio_shows_noise_when_the_range_is_wider_than_the_effect():
     assert fmt_time_ratio(1.27, [1.21, 1.35], with_range=False) == "1.27"
     assert fmt_time_ratio(1.27, None) == "noise (1.27)"  # one timed step: no spread to judge by
     assert fmt_time_ratio(None, [1.0, 2.0]) == "-"
+
+
+def test_bench_planner_chooses_jax_time_plans_among_whole_plans_timed_once():
+    from jaxremat.models.config import TransformerConfig
+    from jaxremat.spec.planner import BlockOption
+    from parity.cases.plan_timing import PlanTimes
+
+    bench = _bench()
+    cfg = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
+    menu = [BlockOption("store", False, None, 10, 10), BlockOption("save_nothing", True, "save_nothing", 0, 10, 5),
+            BlockOption("save_dots", True, "save_dots", 4, 10, 3)]
+    chain = {"options_per_block": [menu] * cfg.n_layer, "boundary_bytes": 2, "invariant_bytes": 0, "fixed_bytes": 0}
+    timed = []
+
+    def time_plans(plans):  # the last candidate is 20% faster in every round
+        timed.append([p.name for p in plans])
+        return PlanTimes({p.name: (0.8,) * 3 if i == len(plans) - 1 else (1.0,) * 3 for i, p in enumerate(plans)})
+
+    def chains(cost):
+        assert cost == "flops"  # whole plans: no segment-timed chain is measured
+        return chain
+
+    plans = ["none", "budget(50%)", "budget(50%):time", "best_uniform(50%):time", "plain:full"]
+    chosen, cands = bench._choices(plans, chains, cfg.n_layer, time_plans)
+    assert set(chosen) == {"none", "budget(50%)", "budget(50%):time", "best_uniform(50%):time"}
+    assert timed[0] == timed[1] and chosen["budget(50%):time"].name == timed[0][-1]
+    assert chosen["best_uniform(50%):time"].name == timed[0][-1]  # the uniform candidates are the planner's too
+    assert list(cands) == ["budget(50%):time", "best_uniform(50%):time"]
+    rows = cands["budget(50%):time"]["candidates"]
+    assert rows[0]["plan"] == chosen["budget(50%)"].name and rows[0]["vs_model_choice"]["median"] == 1.0
+    assert cands["budget(50%):time"]["choice_reason"].startswith("measured fastest of ")
+    assert bench._plan_timer("torch", cfg, {}, None) is None and bench._plan_timer("jax", cfg, {}, None) is not None
