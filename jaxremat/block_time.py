@@ -27,9 +27,7 @@ from .models.config import TransformerConfig
 from .models.params import param_shapes
 from .planner import DEFAULT_MENU, gpt_chain
 from .render import remat_scan
-from .spec.option_time import DEFAULT_LENGTHS, DEFAULT_ROUNDS, OptionTime, measure_options, timed_gpt_chain
-from .spec.policies import parse_policy
-from .spec.segment_plan import PlanSegment, SegmentPlan
+from .spec.option_time import DEFAULT_LENGTHS, DEFAULT_ROUNDS, OptionTime, measure_options, option_plan, timed_gpt_chain
 
 __all__ = ["block_option_times", "gpt_option_times", "timed_chain"]
 
@@ -49,12 +47,7 @@ def _segment_calls(block: Callable, params: Any, x: Any) -> Callable[[str, int],
     def calls(name: str, length: int) -> tuple:
         stacked = jax.tree.unflatten(treedef, [_random(jax.ShapeDtypeStruct((length, *jnp.shape(a)), jnp.result_type(a)), k)
                                                for a, k in zip(leaves, keys)])
-        if name == "store":
-            seg = PlanSegment(length, False, None)
-        else:
-            p = parse_policy(name)
-            seg = PlanSegment(length, True, None if p.saves_nothing else p)
-        plan = SegmentPlan((seg,))
+        plan = option_plan(name, length)
         loss = lambda s, c: jnp.sum(remat_scan(lambda lp, z, _: block(lp, z), s, c, plan))  # noqa: E731
         fwd = jax.jit(loss).lower(stacked, h).compile()
         step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(stacked, h).compile()

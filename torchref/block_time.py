@@ -22,9 +22,7 @@ import torch
 from torch import nn
 
 from jaxremat.models.config import TransformerConfig
-from jaxremat.spec.option_time import DEFAULT_LENGTHS, DEFAULT_ROUNDS, OptionTime, measure_options, timed_gpt_chain
-from jaxremat.spec.policies import parse_policy
-from jaxremat.spec.segment_plan import PlanSegment, SegmentPlan
+from jaxremat.spec.option_time import DEFAULT_LENGTHS, DEFAULT_ROUNDS, OptionTime, measure_options, option_plan, timed_gpt_chain
 
 from .model import Block, torch_dtype
 from .planner import DEFAULT_MENU, gpt_chain
@@ -44,12 +42,7 @@ def _segment_calls(make_block: Callable[[], nn.Module], x: torch.Tensor) -> Call
             torch.manual_seed(length)
             blocks_of[length] = [make_block() for _ in range(length)]
         blocks = blocks_of[length]
-        if name == "store":
-            seg = PlanSegment(length, False, None)
-        else:
-            p = parse_policy(name)
-            seg = PlanSegment(length, True, None if p.saves_nothing else p)
-        plan = SegmentPlan((seg,))
+        plan = option_plan(name, length)
         h = x.detach().clone().requires_grad_(True)
 
         def forward():

@@ -25,8 +25,10 @@ import time
 from typing import Callable, Hashable, Mapping, Sequence
 
 from .planner import BlockOption
+from .policies import parse_policy
+from .segment_plan import PlanSegment, SegmentPlan
 
-__all__ = ["DEFAULT_LENGTHS", "DEFAULT_ROUNDS", "OptionTime", "TimeSpread", "measure_options", "option_time",
+__all__ = ["DEFAULT_LENGTHS", "DEFAULT_ROUNDS", "OptionTime", "TimeSpread", "measure_options", "option_plan", "option_time",
            "options_with_times", "time_rounds", "times_table", "timed_gpt_chain"]
 
 DEFAULT_LENGTHS = (2, 4)
@@ -214,3 +216,16 @@ def timed_gpt_chain(cfg, batch: int, seq: int, policies: Sequence, rounds: int,
     menu = chain["options_per_block"][0]
     times = times_of(cfg, batch, seq, [o.name for o in menu], rounds=rounds)
     return {**chain, "options_per_block": [options_with_times(menu, times)] * cfg.n_layer, "option_times": times}
+
+
+def option_plan(name: str, length: int) -> SegmentPlan:
+    """The one-segment plan that times block option ``name`` over ``length`` blocks: ``"store"`` keeps
+    every activation (no checkpoint); any other name is a policy (``save_nothing``: recompute all).
+
+    Raises:
+        ValueError: ``name`` is not ``"store"`` nor a known policy (:func:`jaxremat.spec.policies.parse_policy`).
+    """
+    if name == "store":
+        return SegmentPlan((PlanSegment(length, False, None),))
+    p = parse_policy(name)
+    return SegmentPlan((PlanSegment(length, True, None if p.saves_nothing else p),))
