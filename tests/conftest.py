@@ -29,6 +29,20 @@ if os.environ.get("JAXREMAT_TEST_JAX_CACHE", "1") != "0" and "JAX_COMPILATION_CA
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 
+# One compute thread per xdist worker (and per CLI subprocess a test starts) when two or more workers
+# run: the workers already fill the cores, and a second thread per framework (torch's OpenMP pool,
+# XLA:CPU's Eigen pool) only waits and spins. Measured on 2 cores, tests/jaxremat/test_render.py with
+# tests/torchref/test_compiled.py in one process: 135 s of CPU with the default threads, 115 s with
+# one. Every bitwise test compares two programs run under the same setting, so the setting changes no
+# assertion; JAXREMAT_TEST_THREADS=default keeps the frameworks' own thread counts.
+if (int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= 2
+        and os.environ.get("JAXREMAT_TEST_THREADS", "one") != "default"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+    if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+
+
 def pytest_unconfigure(config):
     """Remove the session's compilation cache (only in the process that made it)."""
     if _OWN_CACHE is not None:
