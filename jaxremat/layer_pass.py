@@ -47,7 +47,7 @@ from jax._src import core as jcore
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core.primitives import remat_p
 
-__all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild",
+__all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "batched_with", "differentiated_policy", "isolate", "predicate", "rebuild",
            "runs_once", "take", "tie"]
 
 _tree = jax.tree_util
@@ -99,9 +99,78 @@ def predicate(tree):
     return jnp.real(entries[0]).astype(jnp.float32) if entries else jnp.float32(0.0)
 
 
+@jax.custom_batching.custom_vmap
+def _unbatched(value):
+    """``value`` (a float32 scalar); under ``jax.vmap`` its sum over the mapped axis, not batched.
+
+    A predicate batched by ``jax.vmap`` (read from batched parameters, or from a batched carry
+    through :func:`alive`) turns ``lax.cond`` into a ``select`` that runs both branches inline and a
+    ``while`` loop into one whose state is selected per example: the computation is fused with what
+    surrounds it again. Measured (XLA:CPU, jax 0.10.2): ``jit(vmap(grad))`` over stacked parameters
+    at N=3, D=12 under ``every_k(2)+save_dots``, 2,955 ULP from ``none``; with this predicate bitwise.
+    The sum still reads every example's value, so the computation waits for all of them.
+    """
+    return value
+
+
+@_unbatched.def_vmap
+def _unbatched_rule(axis_size, in_batched, value):
+    return (jnp.sum(value, axis=0) if in_batched[0] else value), False
+
+
+def batched_with(tree, refs):
+    """``tree`` unchanged; under ``jax.vmap``, every numeric leaf mapped once any leaf of ``tree`` or ``refs`` is.
+
+    Whether a value in a layer is batched follows from whether its inputs are, and a ``lax.scan``
+    batches its carry when its body does: ``none``'s loop over the layers hands layer 0 a batched
+    carry, a segment of one layer run outside any loop an unbatched one. XLA compiles the layer
+    for other shapes then, and reduces in another order. Measured (XLA:CPU, jax 0.10.2):
+    ``jit(vmap(grad))`` over stacked parameters at N=3, D=12, ``sqrt`` 124 ULP from ``none``;
+    with the carry and the cotangent entering the stack mapped, bitwise. Leaves of another dtype
+    (PRNG keys) are left as they are.
+    """
+    leaves, treedef = _tree.tree_flatten(tree)
+    idx = [j for j, a in enumerate(leaves) if jnp.issubdtype(jnp.result_type(a), jnp.number)]
+    if not idx:
+        return tree
+    ref_leaves = [a for a in _tree.tree_leaves(refs) if jnp.issubdtype(jnp.result_type(a), jnp.number)]
+    out = _batched_with(tuple(leaves[j] for j in idx), tuple(ref_leaves))
+    for j, a in zip(idx, out):
+        leaves[j] = a
+    return _tree.tree_unflatten(treedef, leaves)
+
+
+@jax.custom_jvp
+def _batched_with(leaves: tuple, refs: tuple) -> tuple:
+    return _broadcast_mapped(leaves, lax.stop_gradient(refs))
+
+
+@_batched_with.defjvp
+def _batched_with_jvp(primals, tangents):
+    return _batched_with(*primals), tangents[0]
+
+
+@jax.custom_batching.custom_vmap
+def _broadcast_mapped(leaves: tuple, refs: tuple) -> tuple:
+    return leaves
+
+
+@_broadcast_mapped.def_vmap
+def _broadcast_mapped_rule(axis_size, in_batched, leaves, refs):
+    leaves_batched = list(in_batched[0])
+    if not any(leaves_batched) and not any(in_batched[1]):
+        return leaves, tuple(leaves_batched)
+    out = tuple(a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a)) for a, b in zip(leaves, leaves_batched))
+    return out, (True,) * len(out)
+
+
 def _pred(pred_value):
-    """``(bits(pred_value) >> 31) <= 0``: True for every value, unknown to XLA before run time."""
-    return (lax.bitcast_convert_type(jnp.asarray(pred_value, jnp.float32), jnp.int32) >> 31) <= 0
+    """``(bits(pred_value) >> 31) <= 0``: True for every value, unknown to XLA before run time.
+
+    Never batched under ``jax.vmap`` (:func:`_unbatched`).
+    """
+    value = _unbatched(lax.stop_gradient(jnp.asarray(pred_value, jnp.float32)))
+    return (lax.bitcast_convert_type(value, jnp.int32) >> 31) <= 0
 
 
 def _zeros_like_avals(out_avals, out_tree):
@@ -279,6 +348,7 @@ def tie(tree, alive_value, last: bool = False):
     ``alive_value`` reads stays in the program as long as ``tree`` is needed.
     """
     leaves, treedef = _tree.tree_flatten(tree)
+    alive_value = _unbatched(lax.stop_gradient(jnp.asarray(alive_value, jnp.float32)))
     for j, a in enumerate(leaves):
         if jnp.issubdtype(jnp.result_type(a), jnp.floating):
             t = (np.float32(-0.0) * (alive_value != alive_value).astype(jnp.float32)).astype(a.dtype)

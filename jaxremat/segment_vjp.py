@@ -50,7 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .layer_pass import LayerProgram, alive, differentiated_policy, isolate, predicate, rebuild, take, tie
+from .layer_pass import (LayerProgram, alive, batched_with, differentiated_policy, isolate, predicate, rebuild,
+                         take, tie)
 from .spec.schedules import Segment
 
 __all__ = ["remat_segments"]
@@ -424,7 +425,7 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         return _Stack(fn, params, xs, consts, policy, carry_template, None).plain(0, n_layer, carry)
 
     def run_fwd(params, carry, xs, consts):
-        carry = _run_time(carry)
+        carry = _run_time(batched_with(carry, (params, xs, consts)))
         stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, carry), lean=lean,
                        as_differentiated=as_differentiated)
         c, ys, residuals, live = stack.forward(segments, 0, carry, alive(), per_segment)
@@ -437,6 +438,7 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
     def run_bwd(saved, ct):
         params, xs, consts, residuals = saved
         ct_c, ct_ys = ct
+        ct_c = batched_with(ct_c, (params, xs, consts, residuals, ct_ys))
         stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, ct_c), ct_ys=ct_ys,
                        lean=lean, as_differentiated=as_differentiated)
         state = (_ct_slots(ct_c, carry_template), _zeros(params), _zeros(xs), _zeros(consts))
