@@ -47,8 +47,8 @@ from jax._src import core as jcore
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core.primitives import remat_p
 
-__all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "batched_with", "differentiated_policy", "isolate", "predicate", "rebuild",
-           "runs_once", "take", "tie"]
+__all__ = ["ONCE_SCOPE", "SAVEABLE_PRIMITIVES", "LayerProgram", "Pullback", "alive", "batched_with",
+           "differentiated_policy", "isolate", "predicate", "rebuild", "round_saveable", "runs_once", "take", "tie"]
 
 _tree = jax.tree_util
 
@@ -126,8 +126,9 @@ def batched_with(tree, refs):
     carry, a segment of one layer run outside any loop an unbatched one. XLA compiles the layer
     for other shapes then, and reduces in another order. Measured (XLA:CPU, jax 0.10.2):
     ``jit(vmap(grad))`` over stacked parameters at N=3, D=12, ``sqrt`` 124 ULP from ``none``;
-    with the carry and the cotangent entering the stack mapped, bitwise. Leaves of another dtype
-    (PRNG keys) are left as they are.
+    with the carry (and, in the backward pass, the cotangent) mapped inside every layer's
+    computation, bitwise. Leaves of another dtype (PRNG keys) are left as they are. Outside
+    ``jax.vmap`` the leaves pass through unchanged (a ``custom_vmap`` call; nothing is copied).
     """
     leaves, treedef = _tree.tree_flatten(tree)
     idx = [j for j, a in enumerate(leaves) if jnp.issubdtype(jnp.result_type(a), jnp.number)]
@@ -207,9 +208,30 @@ def isolate(fn: Callable, operand, pred_value, buffers=None):
     pred = _pred(pred_value)
     closed, shapes = jax.make_jaxpr(fn, return_shape=True)(operand)
     out_avals, out_tree = closed.out_avals, jax.tree_util.tree_structure(shapes)
+    branch = lambda op: fn(_opaque(op))  # noqa: E731
     if not _numeric(out_avals):
-        return lax.cond(pred, fn, fn, operand)
-    return lax.cond(pred, fn, lambda _: _zeros_like_avals(out_avals, out_tree), operand)
+        return lax.cond(pred, branch, branch, operand)
+    return lax.cond(pred, branch, lambda _: _zeros_like_avals(out_avals, out_tree), operand)
+
+
+def _opaque(tree):
+    """``tree``'s numeric leaves read through ``lax.optimization_barrier``: values XLA cannot fold.
+
+    XLA moves an operand of a conditional that is a constant of the program into the branch and
+    folds what depends on it alone at compile time (its HLO evaluator), where the same branch run
+    on a run-time value computes it with the compiled loops (another summation order). A stack's
+    input closed over by the differentiated function, not an argument of ``jit``, is such a
+    constant in ``none``'s forward pass, where a checkpointed segment's recompute reads the kept
+    boundary. Measured (XLA:CPU, jax 0.10.2): an NNX block with ``nnx.LayerNorm`` under ``full`` at
+    N=1, D=12, 198 ULP from ``none`` (its LayerNorm's ``sqrt`` and ``div`` folded into constants);
+    behind the barrier bitwise (``scripts/constant_folding.py``).
+    """
+    leaves, treedef = _tree.tree_flatten(tree)
+    idx = [j for j, a in enumerate(leaves) if jnp.issubdtype(jnp.result_type(a), jnp.number)]
+    read = lax.optimization_barrier([leaves[j] for j in idx])
+    for j, a in zip(idx, read):
+        leaves[j] = a
+    return _tree.tree_unflatten(treedef, leaves)
 
 
 ONCE_SCOPE = "jaxremat_isolated_once"
@@ -378,6 +400,41 @@ def _inlined_call(eqn):
     return None
 
 
+def _bind(eqn, ins) -> list:
+    """The outputs of equation ``eqn`` bound on ``ins`` (a list, one entry per output)."""
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
+    return outs if eqn.primitive.multiple_results else [outs]
+
+
+SAVEABLE_PRIMITIVES = ("dot_general", "name")
+"""Primitives whose narrow-float outputs every pass reads rounded (:func:`round_saveable`)."""
+
+
+def round_saveable(eqn, ins) -> list | None:
+    """The outputs of ``eqn`` read through ``lax.optimization_barrier`` when it is a matrix product or a
+    ``checkpoint_name`` tag with an output narrower than float32 (bfloat16, float16, float8); else None.
+
+    XLA's ``xla_allow_excess_precision`` (on by default) lets XLA:CPU compute a bfloat16 program in
+    float32 and drop a rounding to bfloat16 and back (``convert(convert(x))`` folded to ``x``): the
+    consumers of a bfloat16 matrix product read its unrounded float32 result. A value that a policy
+    saves (matrix products: ``save_dots``; names: every named policy, ``custom_vjp_residuals="save"``)
+    is kept in bfloat16, so the recompute read it rounded where ``none``'s forward pass did not.
+    Measured (XLA:CPU, jax 0.10.2): bfloat16 compute, ``every_k(2)+save_dots`` at N=2, D=48, a
+    gradient 2.1e9 ULP from ``none`` (a sign flip); with ``--xla_allow_excess_precision=false`` or this
+    barrier, bitwise (``scripts/excess_precision.py``). The barrier makes every pass read the value as
+    it is saved: rounded. Float32 programs are unchanged.
+    """
+    if eqn.primitive.name not in SAVEABLE_PRIMITIVES or not any(_narrow_float(v.aval) for v in eqn.outvars):
+        return None
+    return list(lax.optimization_barrier(_bind(eqn, ins)))
+
+
+def _narrow_float(aval) -> bool:
+    dt = getattr(aval, "dtype", None)
+    return dt is not None and jnp.issubdtype(dt, jnp.floating) and jnp.dtype(dt).itemsize < 4
+
+
 def _eval(jaxpr, consts, args, on_eqn=None) -> list:
     """Evaluate ``jaxpr`` like ``jax.core.eval_jaxpr``, with ``jit`` calls inlined.
 
@@ -395,11 +452,9 @@ def _eval(jaxpr, consts, args, on_eqn=None) -> list:
         sub = _inlined_call(eqn)
         outs = None if on_eqn is None else on_eqn(eqn, ins)
         if outs is None and sub is not None:
-            outs = _eval(sub.jaxpr, sub.consts, ins)
+            outs = _eval(sub.jaxpr, sub.consts, ins, on_eqn)
         elif outs is None:
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
-            outs = outs if eqn.primitive.multiple_results else [outs]
+            outs = _bind(eqn, ins)
         env.update((v, o) for v, o in zip(eqn.outvars, outs) if not isinstance(v, jcore.DropVar))
     return [read(v) for v in jaxpr.outvars]
 
@@ -444,7 +499,8 @@ class LayerProgram:
             return leaves_out
 
         traced = jax.make_jaxpr(flat_fn)(*flat)
-        closed = jax.make_jaxpr(lambda *a: _eval(traced.jaxpr, traced.consts, a))(*flat)  # jit calls inlined
+        # jit calls inlined; narrow saveable values read rounded in every pass (round_saveable)
+        closed = jax.make_jaxpr(lambda *a: _eval(traced.jaxpr, traced.consts, a, round_saveable))(*flat)
         self.consts = list(closed.consts)
         full = pe.convert_constvars_jaxpr(closed.jaxpr)  # consts become leading inputs
         c_out, y, kept = _tree.tree_unflatten(out_trees[0], list(range(len(full.outvars))))
@@ -533,7 +589,8 @@ class LayerProgram:
         jaxpr = self.jaxpr if self.policy is None else self.forward_jaxpr
 
         def run(op, stacks=None):
-            out = _eval(jaxpr, [], self._inputs(*op[:5]))
+            params, xs, consts, i, c = op[:5]
+            out = _eval(jaxpr, [], self._inputs(params, xs, consts, i, batched_with(c, (params, xs, consts))))
             c_out, y, kept = self._stacked(out, stacks, op[5])
             return (c_out, y, list(out[self.n_out:])), kept
         if stacks is None:
@@ -552,8 +609,9 @@ class LayerProgram:
             return self.forward(params, xs, consts, i, c, live, stacks, j)[:3]
 
         def run(op, stacks=None):
-            *rest, saved, j = op
-            ins = [a for a, u in zip(self._inputs(*rest), self.recompute_inputs) if u]
+            params, xs, consts, i, c, saved, j = op
+            c = batched_with(c, (params, xs, consts, saved))
+            ins = [a for a, u in zip(self._inputs(params, xs, consts, i, c), self.recompute_inputs) if u]
             out = _eval(self.recompute_jaxpr, [], list(saved) + ins)
             if not self.carry_out:
                 out = [None] * self.n_cy + list(out)

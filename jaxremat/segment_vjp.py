@@ -110,26 +110,6 @@ def _first_index():
     return lax.optimization_barrier(jnp.int32(0))
 
 
-def _run_time(carry):
-    """``carry`` through ``lax.optimization_barrier``: a value XLA cannot fold into the first layer.
-
-    A carry that is a constant of the program (an input closed over by the differentiated
-    function, not an argument of ``jit``) reaches the first layer's isolated computation as a
-    constant operand; XLA moves it into the branch and folds the values that depend on it alone at
-    compile time (its HLO evaluator: a LayerNorm's statistics, ``sqrt``, ``div``), where a
-    checkpointed segment's recompute reads the kept boundary, a run-time value, and computes them
-    with the compiled reductions (another summation order). Measured (XLA:CPU, jax 0.10.2): an NNX
-    block with ``nnx.LayerNorm`` under ``full`` at N=1, D=12, 198 ULP from ``none``; behind the
-    barrier bitwise (``scripts/constant_folding.py``).
-    """
-    leaves, treedef = _tree.tree_flatten(carry)
-    numeric = [j for j, a in enumerate(leaves) if jnp.issubdtype(jnp.result_type(a), jnp.number)]
-    kept = lax.optimization_barrier([leaves[j] for j in numeric])
-    for j, a in zip(numeric, kept):
-        leaves[j] = a
-    return _tree.tree_unflatten(treedef, leaves)
-
-
 def _scan(step, carry, n: int):
     """``lax.scan(step, carry, arange(n))``; for n == 1 the step runs once, outside any loop."""
     if n > 1:
@@ -243,6 +223,7 @@ class _Stack:
 
         def run(op, buffers):
             params, xs, consts, i, res, j, ct_c, ct_y = op
+            ct_c = batched_with(ct_c, (params, xs, consts, res, ct_y))
             p, x = take(params, i), take(xs, i)
             kept, meta = prog.residuals(params, xs, consts, i, take(res, j)), prog.meta
             dp, dc, dx, dk = rebuild(meta, kept, p, x, consts)((_cotangent(self.carry_template, ct_c), ct_y))
@@ -425,7 +406,6 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
         return _Stack(fn, params, xs, consts, policy, carry_template, None).plain(0, n_layer, carry)
 
     def run_fwd(params, carry, xs, consts):
-        carry = _run_time(batched_with(carry, (params, xs, consts)))
         stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, carry), lean=lean,
                        as_differentiated=as_differentiated)
         c, ys, residuals, live = stack.forward(segments, 0, carry, alive(), per_segment)
@@ -438,7 +418,6 @@ def remat_segments(fn: Callable, params: Any, carry: Any, xs: Any, consts: list,
     def run_bwd(saved, ct):
         params, xs, consts, residuals = saved
         ct_c, ct_ys = ct
-        ct_c = batched_with(ct_c, (params, xs, consts, residuals, ct_ys))
         stack = _Stack(fn, params, xs, consts, policy, carry_template, source(params, consts, xs, ct_c), ct_ys=ct_ys,
                        lean=lean, as_differentiated=as_differentiated)
         state = (_ct_slots(ct_c, carry_template), _zeros(params), _zeros(xs), _zeros(consts))
