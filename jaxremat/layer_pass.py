@@ -28,6 +28,13 @@ whole program and also outputs the saved values; the recompute runs the same pro
 saved values read instead of computed, and still produces every output (the carry included), so
 the values that are recomputed see the same fusions as in ``none``.
 
+Three more things keep the programs alike (:mod:`jaxremat.same_program`): a branch reads its
+operands through ``lax.optimization_barrier``, so that XLA cannot fold a stack input that is a
+constant of the program into ``none``'s first layer; under ``jax.vmap`` the predicates are never
+batched (a batched one makes ``lax.cond`` a ``select`` run inline) and every layer maps its carry
+whenever anything it reads is mapped; and narrow-float matrix products and names are read rounded
+in every pass, as a policy saves them.
+
 Source: ``jax.checkpoint`` policies and ``partial_eval_jaxpr_custom`` (``jax/_src/ad_checkpoint.py``,
 ``jax/_src/interpreters/partial_eval.py``); ``jax.lax.cond``, ``jax.lax.while_loop``.
 """
@@ -47,8 +54,10 @@ from jax._src import core as jcore
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core.primitives import remat_p
 
-__all__ = ["ONCE_SCOPE", "SAVEABLE_PRIMITIVES", "LayerProgram", "Pullback", "alive", "batched_with",
-           "differentiated_policy", "isolate", "predicate", "rebuild", "round_saveable", "runs_once", "take", "tie"]
+from .same_program import batched_with, bind_eqn, opaque, round_saveable, unbatched
+
+__all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild",
+           "runs_once", "take", "tie"]
 
 _tree = jax.tree_util
 
@@ -99,78 +108,12 @@ def predicate(tree):
     return jnp.real(entries[0]).astype(jnp.float32) if entries else jnp.float32(0.0)
 
 
-@jax.custom_batching.custom_vmap
-def _unbatched(value):
-    """``value`` (a float32 scalar); under ``jax.vmap`` its sum over the mapped axis, not batched.
-
-    A predicate batched by ``jax.vmap`` (read from batched parameters, or from a batched carry
-    through :func:`alive`) turns ``lax.cond`` into a ``select`` that runs both branches inline and a
-    ``while`` loop into one whose state is selected per example: the computation is fused with what
-    surrounds it again. Measured (XLA:CPU, jax 0.10.2): ``jit(vmap(grad))`` over stacked parameters
-    at N=3, D=12 under ``every_k(2)+save_dots``, 2,955 ULP from ``none``; with this predicate bitwise.
-    The sum still reads every example's value, so the computation waits for all of them.
-    """
-    return value
-
-
-@_unbatched.def_vmap
-def _unbatched_rule(axis_size, in_batched, value):
-    return (jnp.sum(value, axis=0) if in_batched[0] else value), False
-
-
-def batched_with(tree, refs):
-    """``tree`` unchanged; under ``jax.vmap``, every numeric leaf mapped once any leaf of ``tree`` or ``refs`` is.
-
-    Whether a value in a layer is batched follows from whether its inputs are, and a ``lax.scan``
-    batches its carry when its body does: ``none``'s loop over the layers hands layer 0 a batched
-    carry, a segment of one layer run outside any loop an unbatched one. XLA compiles the layer
-    for other shapes then, and reduces in another order. Measured (XLA:CPU, jax 0.10.2):
-    ``jit(vmap(grad))`` over stacked parameters at N=3, D=12, ``sqrt`` 124 ULP from ``none``;
-    with the carry (and, in the backward pass, the cotangent) mapped inside every layer's
-    computation, bitwise. Leaves of another dtype (PRNG keys) are left as they are. Outside
-    ``jax.vmap`` the leaves pass through unchanged (a ``custom_vmap`` call; nothing is copied).
-    """
-    leaves, treedef = _tree.tree_flatten(tree)
-    idx = [j for j, a in enumerate(leaves) if jnp.issubdtype(jnp.result_type(a), jnp.number)]
-    if not idx:
-        return tree
-    ref_leaves = [a for a in _tree.tree_leaves(refs) if jnp.issubdtype(jnp.result_type(a), jnp.number)]
-    out = _batched_with(tuple(leaves[j] for j in idx), tuple(ref_leaves))
-    for j, a in zip(idx, out):
-        leaves[j] = a
-    return _tree.tree_unflatten(treedef, leaves)
-
-
-@jax.custom_jvp
-def _batched_with(leaves: tuple, refs: tuple) -> tuple:
-    return _broadcast_mapped(leaves, lax.stop_gradient(refs))
-
-
-@_batched_with.defjvp
-def _batched_with_jvp(primals, tangents):
-    return _batched_with(*primals), tangents[0]
-
-
-@jax.custom_batching.custom_vmap
-def _broadcast_mapped(leaves: tuple, refs: tuple) -> tuple:
-    return leaves
-
-
-@_broadcast_mapped.def_vmap
-def _broadcast_mapped_rule(axis_size, in_batched, leaves, refs):
-    leaves_batched = list(in_batched[0])
-    if not any(leaves_batched) and not any(in_batched[1]):
-        return leaves, tuple(leaves_batched)
-    out = tuple(a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a)) for a, b in zip(leaves, leaves_batched))
-    return out, (True,) * len(out)
-
-
 def _pred(pred_value):
     """``(bits(pred_value) >> 31) <= 0``: True for every value, unknown to XLA before run time.
 
-    Never batched under ``jax.vmap`` (:func:`_unbatched`).
+    Never batched under ``jax.vmap`` (:func:`jaxremat.same_program.unbatched`).
     """
-    value = _unbatched(lax.stop_gradient(jnp.asarray(pred_value, jnp.float32)))
+    value = unbatched(lax.stop_gradient(jnp.asarray(pred_value, jnp.float32)))
     return (lax.bitcast_convert_type(value, jnp.int32) >> 31) <= 0
 
 
@@ -208,30 +151,10 @@ def isolate(fn: Callable, operand, pred_value, buffers=None):
     pred = _pred(pred_value)
     closed, shapes = jax.make_jaxpr(fn, return_shape=True)(operand)
     out_avals, out_tree = closed.out_avals, jax.tree_util.tree_structure(shapes)
-    branch = lambda op: fn(_opaque(op))  # noqa: E731
+    branch = lambda op: fn(opaque(op))  # noqa: E731
     if not _numeric(out_avals):
         return lax.cond(pred, branch, branch, operand)
     return lax.cond(pred, branch, lambda _: _zeros_like_avals(out_avals, out_tree), operand)
-
-
-def _opaque(tree):
-    """``tree``'s numeric leaves read through ``lax.optimization_barrier``: values XLA cannot fold.
-
-    XLA moves an operand of a conditional that is a constant of the program into the branch and
-    folds what depends on it alone at compile time (its HLO evaluator), where the same branch run
-    on a run-time value computes it with the compiled loops (another summation order). A stack's
-    input closed over by the differentiated function, not an argument of ``jit``, is such a
-    constant in ``none``'s forward pass, where a checkpointed segment's recompute reads the kept
-    boundary. Measured (XLA:CPU, jax 0.10.2): an NNX block with ``nnx.LayerNorm`` under ``full`` at
-    N=1, D=12, 198 ULP from ``none`` (its LayerNorm's ``sqrt`` and ``div`` folded into constants);
-    behind the barrier bitwise (``scripts/constant_folding.py``).
-    """
-    leaves, treedef = _tree.tree_flatten(tree)
-    idx = [j for j, a in enumerate(leaves) if jnp.issubdtype(jnp.result_type(a), jnp.number)]
-    read = lax.optimization_barrier([leaves[j] for j in idx])
-    for j, a in zip(idx, read):
-        leaves[j] = a
-    return _tree.tree_unflatten(treedef, leaves)
 
 
 ONCE_SCOPE = "jaxremat_isolated_once"
@@ -370,7 +293,7 @@ def tie(tree, alive_value, last: bool = False):
     ``alive_value`` reads stays in the program as long as ``tree`` is needed.
     """
     leaves, treedef = _tree.tree_flatten(tree)
-    alive_value = _unbatched(lax.stop_gradient(jnp.asarray(alive_value, jnp.float32)))
+    alive_value = unbatched(lax.stop_gradient(jnp.asarray(alive_value, jnp.float32)))
     for j, a in enumerate(leaves):
         if jnp.issubdtype(jnp.result_type(a), jnp.floating):
             t = (np.float32(-0.0) * (alive_value != alive_value).astype(jnp.float32)).astype(a.dtype)
@@ -400,41 +323,6 @@ def _inlined_call(eqn):
     return None
 
 
-def _bind(eqn, ins) -> list:
-    """The outputs of equation ``eqn`` bound on ``ins`` (a list, one entry per output)."""
-    with eqn.ctx.manager:
-        outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
-    return outs if eqn.primitive.multiple_results else [outs]
-
-
-SAVEABLE_PRIMITIVES = ("dot_general", "name")
-"""Primitives whose narrow-float outputs every pass reads rounded (:func:`round_saveable`)."""
-
-
-def round_saveable(eqn, ins) -> list | None:
-    """The outputs of ``eqn`` read through ``lax.optimization_barrier`` when it is a matrix product or a
-    ``checkpoint_name`` tag with an output narrower than float32 (bfloat16, float16, float8); else None.
-
-    XLA's ``xla_allow_excess_precision`` (on by default) lets XLA:CPU compute a bfloat16 program in
-    float32 and drop a rounding to bfloat16 and back (``convert(convert(x))`` folded to ``x``): the
-    consumers of a bfloat16 matrix product read its unrounded float32 result. A value that a policy
-    saves (matrix products: ``save_dots``; names: every named policy, ``custom_vjp_residuals="save"``)
-    is kept in bfloat16, so the recompute read it rounded where ``none``'s forward pass did not.
-    Measured (XLA:CPU, jax 0.10.2): bfloat16 compute, ``every_k(2)+save_dots`` at N=2, D=48, a
-    gradient 2.1e9 ULP from ``none`` (a sign flip); with ``--xla_allow_excess_precision=false`` or this
-    barrier, bitwise (``scripts/excess_precision.py``). The barrier makes every pass read the value as
-    it is saved: rounded. Float32 programs are unchanged.
-    """
-    if eqn.primitive.name not in SAVEABLE_PRIMITIVES or not any(_narrow_float(v.aval) for v in eqn.outvars):
-        return None
-    return list(lax.optimization_barrier(_bind(eqn, ins)))
-
-
-def _narrow_float(aval) -> bool:
-    dt = getattr(aval, "dtype", None)
-    return dt is not None and jnp.issubdtype(dt, jnp.floating) and jnp.dtype(dt).itemsize < 4
-
-
 def _eval(jaxpr, consts, args, on_eqn=None) -> list:
     """Evaluate ``jaxpr`` like ``jax.core.eval_jaxpr``, with ``jit`` calls inlined.
 
@@ -454,7 +342,7 @@ def _eval(jaxpr, consts, args, on_eqn=None) -> list:
         if outs is None and sub is not None:
             outs = _eval(sub.jaxpr, sub.consts, ins, on_eqn)
         elif outs is None:
-            outs = _bind(eqn, ins)
+            outs = bind_eqn(eqn, ins)
         env.update((v, o) for v, o in zip(eqn.outvars, outs) if not isinstance(v, jcore.DropVar))
     return [read(v) for v in jaxpr.outvars]
 

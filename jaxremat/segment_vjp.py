@@ -50,8 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .layer_pass import (LayerProgram, alive, batched_with, differentiated_policy, isolate, predicate, rebuild,
-                         take, tie)
+from .layer_pass import LayerProgram, alive, differentiated_policy, isolate, predicate, rebuild, take, tie
+from .same_program import batched_with
 from .spec.schedules import Segment
 
 __all__ = ["remat_segments"]

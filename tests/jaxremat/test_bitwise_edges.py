@@ -24,7 +24,8 @@ import pytest
 from flax import nnx
 
 from jaxremat.flax import remat_stack
-from jaxremat.layer_pass import SAVEABLE_PRIMITIVES, LayerProgram
+from jaxremat.layer_pass import LayerProgram
+from jaxremat.same_program import SAVEABLE_PRIMITIVES
 from jaxremat.render import remat_scan
 
 
