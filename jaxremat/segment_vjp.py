@@ -35,9 +35,10 @@ checkpointed segment's recompute, and gradients of closed-over arrays (``consts`
 the same order (last layer first) under every schedule, so every schedule computes the same
 operations on the same values as ``none``.
 
-Limits: forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``, Hessian-vector products by
-``jvp`` of ``grad``) is not defined through a ``custom_vjp``; ``method="checkpoint"`` supports it.
-Reverse over reverse (``grad`` of ``grad``) works.
+Limits: forward-mode differentiation of the stack itself (``jax.jvp``, ``jax.jacfwd``) is not
+defined through a ``custom_vjp``; ``method="checkpoint"`` supports it. Forward over reverse
+(``jax.jvp`` of ``jax.grad``, Hessian-vector products) works: the forward and backward passes
+are ordinary code. Reverse over reverse (``grad`` of ``grad``) works.
 """
 
 from __future__ import annotations
