@@ -14,7 +14,6 @@ and pinned here at a tiny shape (docs/framework-differences.md, section 2):
   2.1e9 ULP); narrow matrix products and names are read rounded in every pass.
 """
 
-import functools
 import re
 
 import jax
@@ -82,7 +81,6 @@ def ensemble():
     ws = jax.tree.map(lambda a: jnp.stack([a, a * 0.9, a * 1.1]), ws)
     block = _mlp_block(jnp.float32, 0.0)
 
-    @functools.lru_cache(maxsize=None)
     def grads(plan):
         g = jax.grad(lambda w, h: remat_scan(block, w, h, plan, xs=keys).sum(), argnums=(0, 1))
         compiled = jax.jit(jax.vmap(g, in_axes=(0, None))).lower(ws, x).compile()
@@ -90,11 +88,12 @@ def ensemble():
     return grads
 
 
-@pytest.mark.parametrize("plan", ["sqrt", "every_k(2)+save_dots"])
-def test_vmap_over_stacked_params_bitwise_with_none(ensemble, plan, bits):
-    (got, text), (want, _) = ensemble(plan), ensemble("none")
+def test_vmap_over_stacked_params_bitwise_with_none(ensemble, bits):
+    """``every_k(2)+save_dots`` at N=3: a two-layer segment, then a one-layer one. With a batched predicate
+    it was 2,955 ULP off; with unbatched predicates but carries batched as each loop left them, 2,560."""
+    (got, text), (want, _) = ensemble("every_k(2)+save_dots"), ensemble("none")
     for a, b in zip(got, want):
-        assert bits.equal(a, b), (plan, bits.max_ulp(a, b))
+        assert bits.equal(a, b), bits.max_ulp(a, b)
     # the one-layer segment's forward pass and recompute stay conditionals (an unbatched predicate)
     assert len(re.findall(r"\bconditional\(", text)) >= 2
 
