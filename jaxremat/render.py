@@ -180,8 +180,8 @@ def remat_scan(
             a recompute in the backward pass produces values, not outputs, so state carried out
             this way (Flax ``batch_stats``) is updated once per step under every schedule.
         method: ``"reverse_loop"`` (default; compiled memory as the chain model predicts; reverse
-            mode and ``jax.jvp`` of ``jax.grad``) or ``"checkpoint"`` (``jax.checkpoint`` over scanned segments; also
-            forward mode). See the module docstring.
+            mode and ``jax.jvp`` of ``jax.grad``) or ``"checkpoint"`` (``jax.checkpoint`` over
+            scanned segments; also ``jax.jvp`` of the stack itself). See the module docstring.
         custom_vjp_residuals: what a checkpointed segment does with the block's ``jax.custom_vjp``
             ops. ``"recompute"`` (default): like any op, recomputed in the backward pass, the rule's
             ``fwd`` running again there. ``"save"``: the outputs of each rule's ``fwd`` (its
