@@ -19,13 +19,12 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
 from jaxremat.flax import remat_stack
 from jaxremat.layer_pass import LayerProgram
-from jaxremat.same_program import SAVEABLE_PRIMITIVES
 from jaxremat.render import remat_scan
+from jaxremat.same_program import SAVEABLE_PRIMITIVES
 
 
 class LayerNormBlock(nnx.Module):
@@ -74,24 +73,20 @@ def _mlp_inputs(n, d):
     return ws, jax.random.normal(k[3], (3, d)), jax.random.split(k[4], n)
 
 
-@pytest.fixture(scope="module")
-def ensemble():
-    """``jit(vmap(grad))`` over 3 stacks of N=3, D=12 (the parameters batched), compiled per plan."""
+def _ensemble_grads(plan: str):
+    """``jit(vmap(grad))`` over 3 stacks of N=3, D=12 (the parameters batched): (gradients, optimized HLO)."""
     ws, x, keys = _mlp_inputs(3, 12)
     ws = jax.tree.map(lambda a: jnp.stack([a, a * 0.9, a * 1.1]), ws)
     block = _mlp_block(jnp.float32, 0.0)
-
-    def grads(plan):
-        g = jax.grad(lambda w, h: remat_scan(block, w, h, plan, xs=keys).sum(), argnums=(0, 1))
-        compiled = jax.jit(jax.vmap(g, in_axes=(0, None))).lower(ws, x).compile()
-        return jax.tree.leaves(compiled(ws, x)), compiled.as_text()
-    return grads
+    g = jax.grad(lambda w, h: remat_scan(block, w, h, plan, xs=keys).sum(), argnums=(0, 1))
+    compiled = jax.jit(jax.vmap(g, in_axes=(0, None))).lower(ws, x).compile()
+    return jax.tree.leaves(compiled(ws, x)), compiled.as_text()
 
 
-def test_vmap_over_stacked_params_bitwise_with_none(ensemble, bits):
+def test_vmap_over_stacked_params_bitwise_with_none(bits):
     """``every_k(2)+save_dots`` at N=3: a two-layer segment, then a one-layer one. With a batched predicate
     it was 2,955 ULP off; with unbatched predicates but carries batched as each loop left them, 2,560."""
-    (got, text), (want, _) = ensemble("every_k(2)+save_dots"), ensemble("none")
+    (got, text), (want, _) = _ensemble_grads("every_k(2)+save_dots"), _ensemble_grads("none")
     for a, b in zip(got, want):
         assert bits.equal(a, b), bits.max_ulp(a, b)
     # the one-layer segment's forward pass and recompute stay conditionals (an unbatched predicate)
