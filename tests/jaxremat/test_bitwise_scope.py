@@ -129,6 +129,7 @@ def test_gradient_penalty_through_remat_differs_by_rounding(name, mode, bits):
     assert np.isfinite(got).all() and not bits.equal(got, ref)  # not bitwise: the claim's limit
     assert 0 < _rel(got, ref) < 1e-6 and bits.max_ulp(got, ref) > 0
     if mode == "eager":
+        remat, plain = CASES[name]
         with jax.enable_x64(True):  # the same math: float64 agrees to a few ULP
             ws64, x64, _ = _inputs(jnp.float64)
             got64 = _call("eager", _penalty(remat, x64), ws64)
