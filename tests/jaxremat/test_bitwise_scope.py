@@ -224,6 +224,7 @@ def _sliced_block(w, x, _):
     return x + jnp.tanh(x @ w["up"][:, :D]) + w["b"]
 
 
+@SLOW
 def test_hvp_in_the_default_rendering_under_jit_rounds_one_block_segments_apart(bits):
     """Under ``jit`` an HVP through the default rendering is bitwise with two-layer segments (above: every_k(2))
     but not always with a one-block segment: this block (a parameter slice and a bias) under
