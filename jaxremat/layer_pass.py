@@ -28,6 +28,13 @@ whole program and also outputs the saved values; the recompute runs the same pro
 saved values read instead of computed, and still produces every output (the carry included), so
 the values that are recomputed see the same fusions as in ``none``.
 
+Three more things keep the programs alike (:mod:`jaxremat.same_program`): a branch reads its
+operands through ``lax.optimization_barrier``, so that XLA cannot fold a stack input that is a
+constant of the program into ``none``'s first layer; under ``jax.vmap`` the predicates are never
+batched (a batched one makes ``lax.cond`` a ``select`` run inline) and every layer maps its carry
+whenever anything it reads is mapped; and narrow-float matrix products and names are read rounded
+in every pass, as a policy saves them.
+
 Source: ``jax.checkpoint`` policies and ``partial_eval_jaxpr_custom`` (``jax/_src/ad_checkpoint.py``,
 ``jax/_src/interpreters/partial_eval.py``); ``jax.lax.cond``, ``jax.lax.while_loop``.
 """
@@ -46,6 +53,8 @@ from jax import lax
 from jax._src import core as jcore
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core.primitives import remat_p
+
+from .same_program import batched_with, bind_eqn, opaque, round_saveable, unbatched
 
 __all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild",
            "runs_once", "take", "tie"]
@@ -100,8 +109,12 @@ def predicate(tree):
 
 
 def _pred(pred_value):
-    """``(bits(pred_value) >> 31) <= 0``: True for every value, unknown to XLA before run time."""
-    return (lax.bitcast_convert_type(jnp.asarray(pred_value, jnp.float32), jnp.int32) >> 31) <= 0
+    """``(bits(pred_value) >> 31) <= 0``: True for every value, unknown to XLA before run time.
+
+    Never batched under ``jax.vmap`` (:func:`jaxremat.same_program.unbatched`).
+    """
+    value = unbatched(lax.stop_gradient(jnp.asarray(pred_value, jnp.float32)))
+    return (lax.bitcast_convert_type(value, jnp.int32) >> 31) <= 0
 
 
 def _zeros_like_avals(out_avals, out_tree):
@@ -138,9 +151,10 @@ def isolate(fn: Callable, operand, pred_value, buffers=None):
     pred = _pred(pred_value)
     closed, shapes = jax.make_jaxpr(fn, return_shape=True)(operand)
     out_avals, out_tree = closed.out_avals, jax.tree_util.tree_structure(shapes)
+    branch = lambda op: fn(opaque(op))  # noqa: E731
     if not _numeric(out_avals):
-        return lax.cond(pred, fn, fn, operand)
-    return lax.cond(pred, fn, lambda _: _zeros_like_avals(out_avals, out_tree), operand)
+        return lax.cond(pred, branch, branch, operand)
+    return lax.cond(pred, branch, lambda _: _zeros_like_avals(out_avals, out_tree), operand)
 
 
 ONCE_SCOPE = "jaxremat_isolated_once"
@@ -279,6 +293,7 @@ def tie(tree, alive_value, last: bool = False):
     ``alive_value`` reads stays in the program as long as ``tree`` is needed.
     """
     leaves, treedef = _tree.tree_flatten(tree)
+    alive_value = unbatched(lax.stop_gradient(jnp.asarray(alive_value, jnp.float32)))
     for j, a in enumerate(leaves):
         if jnp.issubdtype(jnp.result_type(a), jnp.floating):
             t = (np.float32(-0.0) * (alive_value != alive_value).astype(jnp.float32)).astype(a.dtype)
@@ -325,11 +340,9 @@ def _eval(jaxpr, consts, args, on_eqn=None) -> list:
         sub = _inlined_call(eqn)
         outs = None if on_eqn is None else on_eqn(eqn, ins)
         if outs is None and sub is not None:
-            outs = _eval(sub.jaxpr, sub.consts, ins)
+            outs = _eval(sub.jaxpr, sub.consts, ins, on_eqn)
         elif outs is None:
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
-            outs = outs if eqn.primitive.multiple_results else [outs]
+            outs = bind_eqn(eqn, ins)
         env.update((v, o) for v, o in zip(eqn.outvars, outs) if not isinstance(v, jcore.DropVar))
     return [read(v) for v in jaxpr.outvars]
 
@@ -374,7 +387,8 @@ class LayerProgram:
             return leaves_out
 
         traced = jax.make_jaxpr(flat_fn)(*flat)
-        closed = jax.make_jaxpr(lambda *a: _eval(traced.jaxpr, traced.consts, a))(*flat)  # jit calls inlined
+        # jit calls inlined; narrow saveable values read rounded in every pass (round_saveable)
+        closed = jax.make_jaxpr(lambda *a: _eval(traced.jaxpr, traced.consts, a, round_saveable))(*flat)
         self.consts = list(closed.consts)
         full = pe.convert_constvars_jaxpr(closed.jaxpr)  # consts become leading inputs
         c_out, y, kept = _tree.tree_unflatten(out_trees[0], list(range(len(full.outvars))))
@@ -463,7 +477,8 @@ class LayerProgram:
         jaxpr = self.jaxpr if self.policy is None else self.forward_jaxpr
 
         def run(op, stacks=None):
-            out = _eval(jaxpr, [], self._inputs(*op[:5]))
+            params, xs, consts, i, c = op[:5]
+            out = _eval(jaxpr, [], self._inputs(params, xs, consts, i, batched_with(c, (params, xs, consts))))
             c_out, y, kept = self._stacked(out, stacks, op[5])
             return (c_out, y, list(out[self.n_out:])), kept
         if stacks is None:
@@ -482,8 +497,9 @@ class LayerProgram:
             return self.forward(params, xs, consts, i, c, live, stacks, j)[:3]
 
         def run(op, stacks=None):
-            *rest, saved, j = op
-            ins = [a for a, u in zip(self._inputs(*rest), self.recompute_inputs) if u]
+            params, xs, consts, i, c, saved, j = op
+            c = batched_with(c, (params, xs, consts, saved))
+            ins = [a for a, u in zip(self._inputs(params, xs, consts, i, c), self.recompute_inputs) if u]
             out = _eval(self.recompute_jaxpr, [], list(saved) + ins)
             if not self.carry_out:
                 out = [None] * self.n_cy + list(out)

@@ -12,7 +12,8 @@ Two renderings, chosen with ``method``:
   loop written out as one ``jax.custom_vjp`` over per-layer ``lax.scan`` s. Every layer reads its
   own parameter slice and writes its own gradient slice in place, and a recompute runs in the
   backward pass by construction, so XLA's compiled temp memory follows the chain model (measured:
-  docs/memory-model.md). Reverse mode only (``grad``, ``vjp``, ``grad`` of ``grad``).
+  docs/memory-model.md). Reverse mode (``grad``, ``vjp``, ``grad`` of ``grad``) and forward over
+  reverse (``jax.jvp`` of ``jax.grad``); not ``jax.jvp`` of the stack itself.
 * ``"checkpoint"``: ``jax.checkpoint(policy=...)`` around scanned segments, JAX's own remat. Also
   differentiable in forward mode (``jax.jvp``, Hessian-vector products). Its compiled memory is
   XLA's to keep (measured on XLA:CPU, jax 0.10.2): a group of equal segments is an outer scan over
@@ -178,9 +179,9 @@ def remat_scan(
             (as ``lax.scan``'s ``ys``). Each layer's ``y`` comes out once, from the forward pass:
             a recompute in the backward pass produces values, not outputs, so state carried out
             this way (Flax ``batch_stats``) is updated once per step under every schedule.
-        method: ``"reverse_loop"`` (default; compiled memory as the chain model predicts, reverse
-            mode only) or ``"checkpoint"`` (``jax.checkpoint`` over scanned segments; also
-            forward mode). See the module docstring.
+        method: ``"reverse_loop"`` (default; compiled memory as the chain model predicts; reverse
+            mode and ``jax.jvp`` of ``jax.grad``) or ``"checkpoint"`` (``jax.checkpoint`` over
+            scanned segments; also ``jax.jvp`` of the stack itself). See the module docstring.
         custom_vjp_residuals: what a checkpointed segment does with the block's ``jax.custom_vjp``
             ops. ``"recompute"`` (default): like any op, recomputed in the backward pass, the rule's
             ``fwd`` running again there. ``"save"``: the outputs of each rule's ``fwd`` (its

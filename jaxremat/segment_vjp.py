@@ -35,9 +35,10 @@ checkpointed segment's recompute, and gradients of closed-over arrays (``consts`
 the same order (last layer first) under every schedule, so every schedule computes the same
 operations on the same values as ``none``.
 
-Limits: forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``, Hessian-vector products by
-``jvp`` of ``grad``) is not defined through a ``custom_vjp``; ``method="checkpoint"`` supports it.
-Reverse over reverse (``grad`` of ``grad``) works.
+Limits: forward-mode differentiation of the stack itself (``jax.jvp``, ``jax.jacfwd``) is not
+defined through a ``custom_vjp``; ``method="checkpoint"`` supports it. Forward over reverse
+(``jax.jvp`` of ``jax.grad``, Hessian-vector products) works: the forward and backward passes
+are ordinary code. Reverse over reverse (``grad`` of ``grad``) works.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import numpy as np
 from jax import lax
 
 from .layer_pass import LayerProgram, alive, differentiated_policy, isolate, predicate, rebuild, take, tie
+from .same_program import batched_with
 from .spec.schedules import Segment
 
 __all__ = ["remat_segments"]
@@ -222,6 +224,7 @@ class _Stack:
 
         def run(op, buffers):
             params, xs, consts, i, res, j, ct_c, ct_y = op
+            ct_c = batched_with(ct_c, (params, xs, consts, res, ct_y))
             p, x = take(params, i), take(xs, i)
             kept, meta = prog.residuals(params, xs, consts, i, take(res, j)), prog.meta
             dp, dc, dx, dk = rebuild(meta, kept, p, x, consts)((_cotangent(self.carry_template, ct_c), ct_y))
