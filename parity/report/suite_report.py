@@ -288,7 +288,7 @@ def verdict(report: dict) -> str:
     if timed:
         resolved = sum(fmt_time_ratio(c["time_overhead"], c["time_overhead_range"], False) != "noise" for c in timed)
         rest = len(timed) - resolved
-        parts.append(f"timing: {resolved} of {len(timed)} time/none ratios are wider from 1 than their range"
+        parts.append(f"timing: {resolved} of {len(timed)} time/none ratios lie farther from 1 than their range is wide"
                      + (f" (the other {rest} {'is' if rest == 1 else 'are'} noise at these repeats)" if rest else ""))
     return f"**Verdict: {head}** - " + "; ".join(parts) + "."
 
