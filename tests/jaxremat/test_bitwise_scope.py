@@ -190,10 +190,8 @@ def test_closed_over_value_gradient_with_checkpoint_is_summed_per_segment_op_by_
     there has the same segments), where ``none`` gives ``((g3 + g2) + g1) + g0``, and so does the reverse
     loop under every schedule (it adds them layer by layer, last layer first; the test above); the two
     differ here."""
-    n, b, d = 4, 32, 128
-    ws = jax.random.normal(jax.random.key(0), (n, d, d)) * 0.3
-    x = jax.random.normal(jax.random.key(1), (b, d))
-    scale = jax.random.normal(jax.random.key(3), (d,))
+    n, (ws, x, _) = N, _inputs()
+    scale = jax.random.normal(jax.random.key(3), (D,))
 
     def layer(sc, w, h):
         return h + jnp.tanh((h * sc) @ w)
