@@ -28,10 +28,12 @@ Bitwise equality with ``none`` (measured on XLA:CPU, jax 0.10.2; tests/jaxremat/
 tests/jaxremat/test_bitwise_jit.py): in the reverse loop every plan gives the bits of ``none``, op by
 op and under ``jit``, at every width (each layer runs as one isolated XLA computation,
 :mod:`jaxremat.layer_pass`). ``method="checkpoint"``: op by op every schedule gives ``none``'s bits
-for the stacked parameters, but not always for an array the block closes over (a trained value not
-passed as a stacked parameter): 2 ULP at N=4, D=16 under ``every_k(2)`` and ``sqrt``, where ``full``
-and the reverse loop are bitwise. Consistent with its gradient summed per multi-layer segment and
-then across segments, where ``none`` and the reverse loop add it layer by layer, last layer first.
+for the stacked parameters, but not for an array the block closes over (a trained value not passed
+as a stacked parameter) under a schedule with segments of several layers: JAX's scan transpose sums
+its gradient per segment, then across segments (``(g3 + g2) + (g1 + g0)`` at N=4 under
+``every_k(2)``), where ``none`` and the reverse loop add it layer by layer, last layer first
+(measured: 1 ULP op by op and 8 under ``jit`` at N=4, D=16; 128 ULP op by op at N=8, D=128;
+docs/framework-differences.md, section 10). ``full`` and the reverse loop are bitwise.
 Under ``jit`` one-layer segments at small widths round apart
 (docs/framework-differences.md, section 2).
 """

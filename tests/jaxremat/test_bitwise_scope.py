@@ -191,6 +191,35 @@ def test_closed_over_value_gradient_bitwise_in_the_reverse_loop_not_always_with_
     assert 0 < bits.max_ulp(got, ref) <= 64 and _rel(got, ref) < 1e-6
 
 
+def test_closed_over_value_gradient_with_checkpoint_is_summed_per_segment_op_by_op(bits):
+    """Why ``method="checkpoint"`` rounds a closed-over value's gradient apart from ``none``: JAX's scan
+    transpose sums it per segment, then across segments. Op by op (no fusion) its bits are exactly
+    ``(g3 + g2) + (g1 + g0)`` of the layers' own contributions ``g_i`` (``every_k(2)`` at N=4; ``sqrt``
+    there has the same segments), where ``none`` gives ``((g3 + g2) + g1) + g0``, and so does the reverse
+    loop under every schedule (it adds them layer by layer, last layer first; the test above); the two
+    differ here."""
+    n, (ws, x, _) = N, _inputs()
+    scale = jax.random.normal(jax.random.key(3), (D,))
+
+    def layer(sc, w, h):
+        return h + jnp.tanh((h * sc) @ w)
+
+    def grad(schedule, **kw):
+        return jax.grad(lambda sc: (remat_scan(lambda w, h, _: layer(sc, w, h), ws, x, schedule, **kw) ** 2).sum())(scale)
+
+    with jax.disable_jit():
+        hs = [x]
+        for i in range(n):
+            hs.append(layer(scale, ws[i], hs[-1]))
+        ct, g = jax.grad(lambda h: (h ** 2).sum())(hs[-1]), [None] * n
+        for i in reversed(range(n)):
+            g[i], _, ct = jax.vjp(layer, scale, ws[i], hs[i])[1](ct)
+        chain, per_segment = ((g[3] + g[2]) + g[1]) + g[0], (g[3] + g[2]) + (g[1] + g[0])
+        assert not bits.equal(chain, per_segment)
+        assert bits.equal(grad(none, method="checkpoint"), chain)  # one scan: layer by layer
+        assert bits.equal(grad(every_k(2), method="checkpoint"), per_segment)
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion emitters")
 def test_xla_cpu_rounds_a_multiply_add_by_its_fusion(bits):
     """Why a user's block can round apart under jit with jax 0.12 (tests/jaxremat/test_flax_api*.py's
