@@ -176,7 +176,7 @@ def test_the_time_cost_by_whole_plans_runs_the_fastest_candidate_and_records_the
     assert last["candidates"][0]["vs_model_choice"]["median"] == 1.0 and len(last["candidates"]) == len(timed[0])
     chosen = next(c for c in last["candidates"] if c["plan"] == r.plan.name)
     assert chosen["vs_model_choice"]["median"] == pytest.approx(0.8) and not chosen["vs_model_choice"]["noise"]
-    assert last["choice_reason"].startswith("measured fastest of ")
+    assert last["choice_reason"].startswith("fastest beyond noise: ")
     assert last["timing"] == {"rounds": 3, "load_1min": [1.0, 1.0]}
     with pytest.raises(ValueError, match="pass time_plans"):
         resolve(request, "jax", CFG, 2, 8, run(NONE), run, cost="time")
