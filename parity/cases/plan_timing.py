@@ -28,7 +28,7 @@ from parity.checks.timing import RatioSpread, load_average_1min, ratio_spread
 from parity.runners.framework import get_framework
 
 __all__ = ["KEPT", "MIN_SAMPLE_S", "PAIRED_ROUNDS", "PlanTimes", "REPLACED", "TimedPick", "beyond_noise", "pick",
-           "pick_cases", "time_plans"]
+           "pick_cases", "spread_text", "time_plans"]
 
 PAIRED_ROUNDS = 7
 """Interleaved rounds of a paired comparison (medians over these)."""
@@ -97,6 +97,11 @@ KEPT = "noise: least FLOPs kept"
 """:attr:`TimedPick.rule` where no candidate was faster than the incumbent in every paired round."""
 
 
+def spread_text(ratio: RatioSpread) -> str:
+    """``0.930x [0.850-0.980]``: the median and [min-max], with no ``noise`` mark (a choice says its own rule)."""
+    return f"{ratio.median:.3f}x [{ratio.low:.3f}-{ratio.high:.3f}]"
+
+
 def beyond_noise(ratio: RatioSpread) -> bool:
     """A gain beyond the noise: the paired ratio's whole [min-max] below 1 (faster in every round)."""
     return ratio.high < 1
@@ -139,12 +144,12 @@ def pick(times: PlanTimes, candidates: Sequence[tuple[str, float]]) -> TimedPick
             incumbent = name
     if incumbent != least:
         r = times.ratio(incumbent, least)
-        return TimedPick(incumbent, REPLACED, f"{REPLACED}: {incumbent} {r.text(3)} of the least-FLOPs candidate "
+        return TimedPick(incumbent, REPLACED, f"{REPLACED}: {incumbent} {spread_text(r)} of the least-FLOPs candidate "
                          f"{least}, faster in every one of {r.rounds} paired rounds", r)
     best = min(order[1:], key=lambda n: (times.ratio(n, least).median, n))
     r = times.ratio(best, least)
     return TimedPick(least, KEPT, f"{KEPT}: {least}; no candidate of {len(order)} faster in every paired round "
-                     f"(the least median, {best}: {r.text(3)})", r)
+                     f"(the least median, {best}: {spread_text(r)})", r)
 
 
 def pick_cases(times: PlanTimes, planner: Sequence[tuple[str, float]],
