@@ -36,8 +36,8 @@ Usage::
 
 ``--planner`` times :data:`parity.experiments.overhead_plans.BUDGET_PLANS` (chosen there) and pairs the time-cost
 plan directly with the others (:data:`PLANNER_PAIRS`). The ``:time`` plans are chosen in the worker, pinned like
-the steps, the way ``python -m parity plan --cost time`` chooses them (:attr:`parity.runners.framework.FrameworkInfo.time_cost`):
-PyTorch on block options timed on segments; JAX among candidate plans compiled and timed whole
+the steps, the way ``python -m parity plan --cost time`` chooses them
+(:attr:`parity.runners.framework.FrameworkInfo.time_cost`): PyTorch on block options timed on segments; JAX among candidate plans compiled and timed whole
 (:func:`parity.cases.budget_plan.timed_choice`), whose compiled steps the benchmark then times.
 
 Not a timed test: it prints ratios measured side by side (docs/time.md has the figures).

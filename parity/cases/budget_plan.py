@@ -6,7 +6,8 @@ segment plans with a policy per segment); ``best_uniform(BUDGET)`` is the unifor
 recompute that fits the same budget (``full``, ``every_k(k)``, ``segments(s)``, ``sqrt``, each
 with no policy or one of the menu's policies, predicted by the same menu and chain model).
 ``BUDGET`` is a percentage of ``none``'s *measured* peak activation bytes in the same framework
-(``50%``) or bytes with a unit (``12MiB``, ``4096B``; a bare number is refused: :func:`jaxremat.spec.planner.parse_budget`).
+(``50%``) or bytes with a unit (``12MiB``, ``4096B``; a bare number is refused:
+:func:`jaxremat.spec.planner.parse_budget`).
 ``plan(...)`` is always a segment plan (:mod:`jaxremat.spec.segment_plan`); the budget's old
 spelling ``plan(50%)`` is refused with a message naming ``budget(50%)``.
 

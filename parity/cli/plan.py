@@ -309,8 +309,8 @@ def markdown(report: dict) -> str:
 
 TERMINAL_COLUMNS = ("framework", "budget", "who", "plan", "status", "peak act", "time/none", "chosen")
 """The plan table's columns on the terminal without ``--wide`` (a subset of :data:`COLUMNS`; ``status`` pass is
-bitwise and within the budget; ``framework`` is headed ``fw``). Below the table: each row's choice with the paired ratio and why
-(:func:`parity.cli.plan_choice.choice_lines`), then each failed case's error."""
+bitwise and within the budget; ``framework`` is headed ``fw``). Below the table: each row's choice with the paired
+ratio and why (:func:`parity.cli.plan_choice.choice_lines`), then each failed case's error."""
 
 
 def print_summary(report: dict, console: Console, wide: bool = False) -> None:

@@ -19,7 +19,8 @@ from parity.inputs.pretrained import preset_inputs
 from parity.report.format import md_table
 
 __all__ = ["CANDIDATE_COLUMNS", "OPTION_COLUMNS", "PAIRED_COLUMNS", "PAIR_ROUNDS", "candidate_rows",
-           "candidates_markdown", "choice_lines", "choose", "option_rows", "options_markdown", "paired_markdown", "paired_times",
+           "candidates_markdown", "choice_lines", "choose", "option_rows", "options_markdown", "paired_markdown",
+           "paired_times",
            "time_vs_uniform"]
 
 PAIR_ROUNDS = 9
@@ -190,6 +191,6 @@ def candidates_markdown(rows: list[dict]) -> list[str]:
             f"steps timed interleaved over {', '.join(map(str, sorted(rounds)))} rounds (process CPU time; load "
             f"{loads[0] if loads else '-'}-{loads[-1] if loads else '-'}); `vs least FLOPs`: the median of "
             "per-round ratios to the candidate of fewest recompute FLOPs, [min-max]. That candidate is kept unless "
-            "another is faster in every paired round, the whole [min-max] below 1 (`parity.cases.plan_timing.pick_cases`, "
-            "one rule for both cases: `fastest beyond noise`, else `noise: least FLOPs kept`); the planner's "
+            "another is faster in every paired round, the whole [min-max] below 1 "
+            "(`parity.cases.plan_timing.pick_cases`, one rule for both cases: `fastest beyond noise`, else `noise: least FLOPs kept`); the planner's "
             "case picks among its own candidates and the uniform case's pick.", "", md_table(CANDIDATE_COLUMNS, table)]

@@ -61,7 +61,8 @@ def plan_timer(framework: str, cfg, params, tokens):
     return timer
 
 
-def choose_plans(plans: Sequence[str], chains, n_layer: int, time_plans=None, skip: Sequence[str] = ()) -> tuple[dict, dict]:
+def choose_plans(plans: Sequence[str], chains, n_layer: int, time_plans=None,
+                 skip: Sequence[str] = ()) -> tuple[dict, dict]:
     """``({name: RematPlan}, {name: candidates})`` for the plans of ``plans`` not in ``skip`` (plain torch): budget
     plans chosen (:func:`budget_plan`), the others parsed; per budget plan chosen among candidates timed whole, the
     ``choice_reason``, ``timing`` and ``candidates`` of :func:`parity.cases.budget_plan.timed_choice`."""

@@ -246,7 +246,8 @@ def test_run_takes_a_budget_plan_like_any_schedule(tmp_path):
     (["run", "--model", "minilm-l6", "--schedules", "budget(50%)"], "which runs dropout 0"),
     (["run", "--model", "gpt-tiny", "--schedules", "plan(50%)"], "a memory budget is written budget(50%)"),
     (["plan", "--budget", "12"], "budget '12' has no unit: write a percentage"),
-    (["plan", "--budget", "0.5"], "budget '0.5' has no unit"), (["plan", "--budget", "-5%"], "budget '-5%': a percentage"),
+    (["plan", "--budget", "0.5"], "budget '0.5' has no unit"),
+    (["plan", "--budget", "-5%"], "budget '-5%': a percentage"),
     (["plan", "--budget", "50%,-5MiB"], "must be above 0 bytes"),
 ])
 def test_plan_bad_input_is_one_line_and_exit_2(argv, match, capsys, tmp_path):

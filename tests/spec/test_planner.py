@@ -375,7 +375,8 @@ def test_parse_budget_reads_percentages_and_bytes_with_a_unit(text, fraction, nb
 @pytest.mark.parametrize("text, match", [
     ("12", r"^budget '12' has no unit: write a percentage .* \(50%\) or bytes with a unit \(12MiB, .*12000000B\)"),
     ("0.5", "has no unit"), ("-5", "has no unit"), ("-5%", r"a percentage must lie in \(0%, 100%\]"),
-    ("-5MiB", "must be above 0 bytes"), ("0.5B", "under one byte"), ("12XB", "units: B, KB"), ("", "write a percentage"),
+    ("-5MiB", "must be above 0 bytes"), ("0.5B", "under one byte"), ("12XB", "units: B, KB"),
+    ("", "write a percentage"),
 ])
 def test_parse_budget_refuses_a_bare_number_and_says_to_add_a_unit(text, match):
     from jaxremat.spec.planner import parse_budget
