@@ -10,11 +10,11 @@ rotated), so that the ratio of two plans is the median of their per-round ratios
 :func:`pick` is the choice rule among candidates that fit, the same for the planner's case and the uniform case:
 the candidates in a fixed order, fewest recompute FLOPs first (then by name); the first is the incumbent, and a
 later candidate replaces the incumbent only when its paired ratio to it is below 1 in every round (the whole
-[min-max] below 1: :func:`beyond_noise`, a gain beyond the noise). Otherwise the order decides. Rounds are aligned,
-so "faster in every round" is transitive: the plan picked is faster than the least-FLOPs candidate in every round,
-or is that candidate. :func:`pick_cases` applies the rule to both cases on one run's measurements: the uniform
-case's candidates first, then the planner's own candidates beside the uniform case's pick only, so that the two
-picks never rank two plans in opposite orders. What a choice *claims* is the paired comparison of the planner's plan
+[min-max] below 1, over two rounds at least: :func:`beyond_noise`, a gain beyond the noise). Otherwise the order
+decides. Rounds are aligned, so "faster in every round" is transitive: the plan picked is faster than the
+least-FLOPs candidate in every round, or is that candidate. :func:`pick_cases` applies the rule to both cases on
+one run's measurements: the uniform case's candidates first, then the planner's own candidates beside the uniform
+case's pick only, so that the two picks never rank two plans in opposite orders. What a choice *claims* is the paired comparison of the planner's plan
 with the uniform plan (:func:`parity.cli.plan_choice.paired_times`).
 """
 
@@ -103,8 +103,9 @@ def spread_text(ratio: RatioSpread) -> str:
 
 
 def beyond_noise(ratio: RatioSpread) -> bool:
-    """A gain beyond the noise: the paired ratio's whole [min-max] below 1 (faster in every round)."""
-    return ratio.high < 1
+    """A gain beyond the noise: the paired ratio's whole [min-max] below 1 (faster in every round), over two rounds
+    at least (one round has no spread to judge by)."""
+    return ratio.rounds >= 2 and ratio.high < 1
 
 
 @dataclasses.dataclass(frozen=True)

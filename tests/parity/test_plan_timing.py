@@ -33,6 +33,7 @@ def test_the_fixed_order_is_fewest_flops_then_name_and_replacement_is_transitive
     got = pick(t, [("a", 1.0), ("c", 2.0), ("d", 3.0)])  # c replaces a, then d replaces c
     assert got.plan == "d" and got.ratio == t.ratio("d", "a")
     assert pick(PlanTimes({"x": (1.0,)}), [("x", 1.0)]).rule == "the only candidate"
+    assert pick(PlanTimes({"a": (1.0,), "b": (0.5,)}), [("a", 1.0), ("b", 2.0)]).plan == "a"  # one round: no spread
     with pytest.raises(ValueError, match="at least one"):
         pick(t, [])
 
