@@ -615,8 +615,10 @@ def plan_chain(chain: dict, budget_bytes: int, **kw) -> PlannerResult:
                                min_peak_bytes=res.min_peak_bytes + fixed)
 
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-_BUDGET = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(%|[A-Za-z]*)\s*$")
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+_BUDGET = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+)\s*(%|[A-Za-z]*)\s*$")
+_BUDGET_FORMS = ("a percentage of none's peak activation bytes (50%) or bytes with a unit (12MiB, 800KB, "
+                 "12000000B); units: B, KB, MB, GB, KiB, MiB, GiB")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -639,22 +641,29 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
-    """Parse ``N%`` (0 < N <= 100, of the reference) or ``N[B|KB|MB|GB|KiB|MiB|GiB]`` (bytes; 1 KiB = 1024 B).
+    """Parse ``N%`` (0 < N <= 100, of the reference) or ``N<unit>``, unit one of ``B, KB, MB, GB, KiB, MiB, GiB``
+    (bytes; 1 KiB = 1024 B). A bare number is refused: ``12`` could be bytes, a percentage or MiB (an API that
+    takes bytes takes an int, e.g. :func:`jaxremat.spec.fit.fit_plan`).
 
     Raises:
-        ValueError: anything else, a percentage outside (0, 100], or a budget under one byte.
+        ValueError: a bare number (the message asks for a unit), a budget not above 0, a percentage over 100, a
+            budget under one byte, or anything else.
     """
     m = _BUDGET.match(text) if isinstance(text, str) else None
-    if m is None or m.group(2).upper() not in {*_UNITS, "%"}:
-        raise ValueError(f"budget {text!r}: write a percentage of none's peak activation bytes (50%) or bytes "
-                         f"with a unit (12MiB, 800KB, 4096B); units: B, KB, MB, GB, KiB, MiB, GiB")
+    if m is None or m.group(2).upper() not in {*_UNITS, "%", ""}:
+        raise ValueError(f"budget {text!r}: write {_BUDGET_FORMS}")
     value, unit = float(m.group(1)), m.group(2)
+    number = str(int(value)) if value.is_integer() else f"{value:g}"  # 12000000B, not 1.2e+07B
+    if not unit:
+        raise ValueError(f"budget {text!r} has no unit: write {_BUDGET_FORMS}")
     if unit == "%":
         if not 0 < value <= 100:
             raise ValueError(f"budget {text!r}: a percentage must lie in (0%, 100%] (100% is none's own peak)")
-        return Budget(f"{value:g}%", fraction=value / 100)
+        return Budget(f"{number}%", fraction=value / 100)
+    if value <= 0:
+        raise ValueError(f"budget {text!r}: a budget must be above 0 bytes; write {_BUDGET_FORMS}")
     nbytes = int(value * _UNITS[unit.upper()])
     if nbytes < 1:
         raise ValueError(f"budget {text!r} is under one byte")
-    spelled = {"KIB": "KiB", "MIB": "MiB", "GIB": "GiB"}.get(unit.upper(), unit.upper() or "B")
-    return Budget(f"{value:g}{spelled}", bytes=nbytes)
+    spelled = {"KIB": "KiB", "MIB": "MiB", "GIB": "GiB"}.get(unit.upper(), unit.upper())
+    return Budget(f"{number}{spelled}", bytes=nbytes)

@@ -6,7 +6,8 @@ segment plans with a policy per segment); ``best_uniform(BUDGET)`` is the unifor
 recompute that fits the same budget (``full``, ``every_k(k)``, ``segments(s)``, ``sqrt``, each
 with no policy or one of the menu's policies, predicted by the same menu and chain model).
 ``BUDGET`` is a percentage of ``none``'s *measured* peak activation bytes in the same framework
-(``50%``) or bytes (``12MiB``, ``4096`` = 4096 bytes; :func:`jaxremat.spec.planner.parse_budget`).
+(``50%``) or bytes with a unit (``12MiB``, ``4096B``; a bare number is refused:
+:func:`jaxremat.spec.planner.parse_budget`).
 ``plan(...)`` is always a segment plan (:mod:`jaxremat.spec.segment_plan`); the budget's old
 spelling ``plan(50%)`` is refused with a message naming ``budget(50%)``.
 
@@ -16,9 +17,9 @@ time is measured is the framework's :attr:`parity.runners.framework.FrameworkInf
 (:mod:`torchref.block_time`) and summed by the planner; ``"plans"`` (JAX, where block times measured on short
 segments do not add up to a compiled stack's), a handful of candidate plans (:func:`candidate_plans`: the
 planner's plan on the FLOPs chain, the least-recompute uniform plan and ``full`` under each option that fit)
-compiled and timed whole, interleaved, the fastest beyond the noise chosen
-(:func:`parity.cases.plan_timing.fastest`), else the FLOPs model's. The uniform plan is chosen the same way
-among the uniform candidates.
+compiled and timed whole, interleaved, and picked by one rule for both cases
+(:func:`parity.cases.plan_timing.pick_cases`): the candidate of fewest recompute FLOPs, unless another is faster
+than it in every paired round (the whole [min-max] of the paired ratio below 1).
 
 A budget plan is resolved when its case runs, once ``none`` has been measured:
 
@@ -54,7 +55,7 @@ from jaxremat.spec.planner import (Budget, NoPlanFits, chain_costs, chain_time_s
 from jaxremat.spec.policies import parse_policy
 from jaxremat.spec.schedules import parse_schedule
 
-from parity.cases.plan_timing import PlanTimes, fastest
+from parity.cases.plan_timing import PlanTimes, pick_cases
 from parity.runners.framework import get_framework
 
 __all__ = ["BudgetRequest", "MAX_ATTEMPTS", "Resolution", "candidate_plans", "choose_plan", "parse_case_plan", "resolve",
@@ -250,16 +251,20 @@ def candidate_plans(chains: dict, n: int, target: int, min_len: int = 1) -> dict
 
 def timed_choice(request: BudgetRequest, chain: dict, n: int, target: int, min_len: int,
                  time_plans: Callable[[list], PlanTimes]) -> tuple[RematPlan, dict]:
-    """The fastest candidate of ``request``'s kind for ``target`` bytes (whole-step peak activation), measured.
+    """The candidate of ``request``'s kind for ``target`` bytes (whole-step peak activation), measured.
 
     :func:`candidate_plans` on the FLOPs ``chain``; every candidate of both kinds is timed in one interleaved run
     (``time_plans(plans) -> PlanTimes``, e.g. :func:`parity.cases.plan_timing.time_plans`; the same list of plans
-    for both kinds, so a caller may time it once), the choice :func:`parity.cases.plan_timing.fastest`'s.
+    for both kinds, so a caller may time it once), the choice :func:`parity.cases.plan_timing.pick_cases`'s (the
+    least-FLOPs candidate unless another is faster in every paired round), the same rule for both kinds.
 
     Returns:
-        ``(plan, predictions)``: the predictions of :func:`choose_plan` with ``choice_reason``, ``candidates``
-        (per candidate of the kind: ``plan``, ``sources``, ``recompute_flops``, ``predicted_peak_activation_bytes``,
-        ``step_ms`` [median, min, max], ``vs_model_choice``: the paired ratio to the model's choice) and ``timing``.
+        ``(plan, predictions)``: the predictions of :func:`choose_plan` with ``choice_rule`` (``"fastest beyond
+        noise"``, ``"noise: least FLOPs kept"`` or ``"the only candidate"``), ``choice_reason`` (a sentence),
+        ``choice_ratio`` (:attr:`parity.cases.plan_timing.TimedPick.ratio` as a dict, or None), ``candidates`` (per
+        candidate of the kind: ``plan``, ``sources``, ``recompute_flops``, ``predicted_peak_activation_bytes``,
+        ``step_ms`` [median, min, max], ``vs_model_choice``: the paired ratio to the kind's least-FLOPs candidate)
+        and ``timing``.
 
     Raises:
         jaxremat.spec.planner.NoPlanFits: no plan of the space fits.
@@ -267,14 +272,17 @@ def timed_choice(request: BudgetRequest, chain: dict, n: int, target: int, min_l
     cands = candidate_plans({"flops": chain}, n, target, min_len)
     mine = cands[request.kind]
     timing = time_plans([p for p, _ in {p.name: (p, d) for p, d in cands["budget"] + mine}.values()])
-    model = mine[0][0].name
-    name, why = fastest(timing, model, [p.name for p, _ in mine])
-    plan, pred = next((p, d) for p, d in mine if p.name == name)
+    picks = pick_cases(timing, *([(p.name, d["recompute_flops"]) for p, d in cands[k]]
+                                 for k in ("budget", "best_uniform")))
+    got = picks[request.kind]
+    plan, pred = next((p, d) for p, d in mine if p.name == got.plan)
+    least = min(mine, key=lambda c: (c[1]["recompute_flops"], c[0].name))[0].name
     rows = [{"plan": p.name, "sources": d["sources"], "recompute_flops": d["recompute_flops"],
              "predicted_peak_activation_bytes": d["predicted_peak_activation_bytes"], "step_ms": timing.step_ms(p.name),
-             "vs_model_choice": timing.ratio(p.name, model).as_dict()} for p, d in mine]
-    return plan, {**{k: v for k, v in pred.items() if k != "sources"}, "choice_reason": why, "candidates": rows,
-                  "timing": {"rounds": timing.rounds, "load_1min": list(timing.load_1min)}}
+             "vs_model_choice": timing.ratio(p.name, least).as_dict()} for p, d in mine]
+    return plan, {**{k: v for k, v in pred.items() if k != "sources"}, "choice_rule": got.rule,
+                  "choice_reason": got.reason, "choice_ratio": None if got.ratio is None else got.ratio.as_dict(),
+                  "candidates": rows, "timing": {"rounds": timing.rounds, "load_1min": list(timing.load_1min)}}
 
 
 def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, ref, run: Callable[[RematPlan], object],
@@ -295,7 +303,7 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
         cost: what the plan minimizes, the planner's and the uniform plan's alike: ``"flops"`` or
             ``"time"``: each option measured by the framework (``planner_chain(..., cost="time")``), or, for a
             framework whose :attr:`parity.runners.framework.FrameworkInfo.time_cost` is ``"plans"``, whole
-            candidate plans timed (:func:`candidate_plans`, chosen by :func:`parity.cases.plan_timing.fastest`).
+            candidate plans timed (:func:`candidate_plans`, picked by :func:`parity.cases.plan_timing.pick_cases`).
         time_plans: ``plans -> PlanTimes``, the candidates' steps timed interleaved
             (:func:`parity.cases.plan_timing.time_plans` on the case's model and batch); needed for whole plans.
 

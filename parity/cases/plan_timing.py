@@ -7,13 +7,15 @@ and the ratio of two ratios to ``none`` has a spread as wide as both ranges allo
 rotated), so that the ratio of two plans is the median of their per-round ratios with its real [min-max]
 (:func:`parity.checks.timing.ratio_spread`). The 1-minute load average is read before and after.
 
-:func:`fastest` is the choice rule among candidates: the candidate of least median paired ratio to the
-model's choice (the model's choice on a tie). A choice has to be made, and the median of paired rounds is the
-best estimate there is: a gain marked noise (:attr:`parity.checks.timing.RatioSpread.noise`) is still taken,
-and said to be noise. Falling back to the model's choice on noise was measured to keep, in JAX at gpt-small, the
-FLOPs model's plan where every round but one put ``full+save_qkv_proj`` 5-20% faster (docs/planner.md). What a
-choice *claims* is the paired comparison of the planner's plan with the uniform plan
-(:func:`parity.cli.plan_choice.paired_times`), where a ratio marked noise decides nothing.
+:func:`pick` is the choice rule among candidates that fit, the same for the planner's case and the uniform case:
+the candidates in a fixed order, fewest recompute FLOPs first (then by name); the first is the incumbent, and a
+later candidate replaces the incumbent only when its paired ratio to it is below 1 in every round (the whole
+[min-max] below 1, over two rounds at least: :func:`beyond_noise`, a gain beyond the noise). Otherwise the order
+decides. Rounds are aligned, so "faster in every round" is transitive: the plan picked is faster than the
+least-FLOPs candidate in every round, or is that candidate. :func:`pick_cases` applies the rule to both cases on
+one run's measurements: the uniform case's candidates first, then the planner's own candidates beside the uniform
+case's pick only, so that the two picks never rank two plans in opposite orders. What a choice *claims* is the paired comparison of the planner's plan
+with the uniform plan (:func:`parity.cli.plan_choice.paired_times`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Mapping, Sequence
 from parity.checks.timing import RatioSpread, load_average_1min, ratio_spread
 from parity.runners.framework import get_framework
 
-__all__ = ["MIN_SAMPLE_S", "PAIRED_ROUNDS", "PlanTimes", "fastest", "time_plans"]
+__all__ = ["KEPT", "MIN_SAMPLE_S", "PAIRED_ROUNDS", "PlanTimes", "REPLACED", "TimedPick", "beyond_noise", "pick",
+           "pick_cases", "spread_text", "time_plans"]
 
 PAIRED_ROUNDS = 7
 """Interleaved rounds of a paired comparison (medians over these)."""
@@ -88,19 +91,80 @@ def time_plans(framework: str, cfg, params, tokens, plans: Sequence, rounds: int
     return PlanTimes({n: tuple(got[n]) for n in names}, (before, load_average_1min()))
 
 
-def fastest(times: PlanTimes, model_choice: str, names: Sequence[str] | None = None) -> tuple[str, str]:
-    """``(plan name, why)``: the plan of ``names`` (default: every plan timed) of least median paired ratio to
-    ``model_choice``, the model's choice itself (ratio 1) on a tie; ``why`` gives the ratio, marked noise where its
-    spread is wider than its distance from 1 (module docstring).
+REPLACED = "fastest beyond noise"
+""":attr:`TimedPick.rule` where a candidate replaced the least-FLOPs one (faster in every paired round)."""
+KEPT = "noise: least FLOPs kept"
+""":attr:`TimedPick.rule` where no candidate was faster than the incumbent in every paired round."""
+
+
+def spread_text(ratio: RatioSpread) -> str:
+    """``0.930x [0.850-0.980]``: the median and [min-max], with no ``noise`` mark (a choice says its own rule)."""
+    return f"{ratio.median:.3f}x [{ratio.low:.3f}-{ratio.high:.3f}]"
+
+
+def beyond_noise(ratio: RatioSpread) -> bool:
+    """A gain beyond the noise: the paired ratio's whole [min-max] below 1 (faster in every round), over two rounds
+    at least (one round has no spread to judge by)."""
+    return ratio.rounds >= 2 and ratio.high < 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TimedPick:
+    """A plan picked among candidates timed whole (:func:`pick`).
+
+    Attributes:
+        plan: the plan's name.
+        rule: :data:`REPLACED`, :data:`KEPT`, or ``"the only candidate"``.
+        reason: a sentence with the ratio it rests on.
+        ratio: the plan's paired ratio to the least-FLOPs candidate (None when the plan is that candidate); with
+            :data:`KEPT`, the ratio of the candidate of least median to it (the gain not taken), else None.
+    """
+
+    plan: str
+    rule: str
+    reason: str
+    ratio: RatioSpread | None = None
+
+
+def pick(times: PlanTimes, candidates: Sequence[tuple[str, float]]) -> TimedPick:
+    """The plan of ``candidates`` (``(name, recompute FLOPs)``, each timed in ``times``) by the rule of the module
+    docstring: in order of fewest FLOPs then name, a candidate replaces the incumbent only when faster than it in
+    every paired round.
 
     Raises:
-        KeyError: ``model_choice`` or a name was not timed.
+        ValueError: no candidates. KeyError: a candidate was not timed.
     """
-    others = [n for n in (names if names is not None else times.times_s) if n != model_choice]
-    if not others:
-        return model_choice, "the only candidate"
-    best = min(others, key=lambda n: times.ratio(n, model_choice).median)
-    r = times.ratio(best, model_choice)
-    if r.median < 1:
-        return best, f"measured fastest of {len(others) + 1} candidates: {r.text(3)} of the model's choice {model_choice}"
-    return model_choice, f"the model's choice, measured fastest of {len(others) + 1} candidates (the next, {best}: {r.text(3)})"
+    order = [n for _, n in sorted({(float(f), n) for n, f in candidates})]
+    if not order:
+        raise ValueError("pick needs at least one candidate")
+    least = incumbent = order[0]
+    if len(order) == 1:
+        return TimedPick(least, "the only candidate", f"the only candidate ({least})")
+    for name in order[1:]:
+        if beyond_noise(times.ratio(name, incumbent)):
+            incumbent = name
+    if incumbent != least:
+        r = times.ratio(incumbent, least)
+        return TimedPick(incumbent, REPLACED, f"{REPLACED}: {incumbent} {spread_text(r)} of the least-FLOPs candidate "
+                         f"{least}, faster in every one of {r.rounds} paired rounds", r)
+    best = min(order[1:], key=lambda n: (times.ratio(n, least).median, n))
+    r = times.ratio(best, least)
+    return TimedPick(least, KEPT, f"{KEPT}: {least}; no candidate of {len(order)} faster in every paired round "
+                     f"(the least median, {best}: {spread_text(r)})", r)
+
+
+def pick_cases(times: PlanTimes, planner: Sequence[tuple[str, float]],
+               uniform: Sequence[tuple[str, float]]) -> dict[str, TimedPick]:
+    """``{"best_uniform": pick, "budget": pick}`` on one run's ``times`` (module docstring): the uniform case's
+    pick among ``uniform``, then the planner's among its candidates that are not uniform ones and the uniform pick.
+
+    Raises:
+        ValueError: no uniform candidate. KeyError: a candidate was not timed.
+    """
+    u = pick(times, uniform)
+    names = {n for n, _ in uniform}
+    own = [(n, f) for n, f in planner if n not in names]
+    if not own:
+        return {"best_uniform": u, "budget": u}
+    flops = dict(uniform)
+    return {"best_uniform": u, "budget": pick(times, [*own, (u.plan, flops[u.plan])])}

@@ -42,8 +42,8 @@ from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.cli.budget import check_fits, run_estimate
 from parity.cli.checks import out_path, unique_items
-from parity.cli.plan_choice import (candidates_markdown, choose, options_markdown, paired_markdown, paired_times,
-                                   time_vs_uniform)
+from parity.cli.plan_choice import (candidates_markdown, choice_lines, choose, options_markdown, paired_markdown,
+                                   paired_times, time_vs_uniform)
 from parity.cli.command import checked, claimed, make_console
 from parity.cli.util import ascii_int
 from parity.inputs.model_preset import with_shape
@@ -53,23 +53,22 @@ from parity.report.environment import environment_info
 from parity.report.files import atomic_write, json_text
 from parity.report.format import fmt_bit, fmt_bytes, fmt_ratio, fmt_time_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
-from parity.report.terminal import fitted_table, terminal_console
+from parity.report.terminal import fitted_table, name_table, terminal_console
 from parity.report.suite_report import markdown as suite_markdown
 from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, get_framework
 
 PLAN_FILES = ("plan.json", "plan.md", "frontier.png", HTML_NAME)
 TIMED_FAMILIES = ("gpt",)
 """Model families whose block options the frameworks time (``planner_chain(..., cost="time")``)."""
+KINDS_WHO = ("planner", "uniform")
+"""A plan row's two cases, the planner's plan and the uniform plan (:func:`plan_rows`)."""
 KINDS = ("budget", "best_uniform")
 """The two cases of each budget: the planner's plan, the best uniform plan (:mod:`parity.cases.budget_plan`)."""
 DEFAULT_FRONTIER = tuple(f"{p}%" for p in range(10, 101, 10))
-PLAN_SCHEMA_VERSION = 4
-"""plan.json schema: 4 adds to each plan row ``paired`` (the two plans timed interleaved; ``time_vs_uniform`` is now
-their paired ratio) and, where candidates were timed whole, per plan ``candidates``, ``candidate_choice`` and
-``candidate_timing``; 3 adds to each plan row ``cost`` (``time`` or ``flops``), ``option_times`` (the measured
-block options, ms), each plan's ``predicted_step_time_s``, ``time_vs_uniform``, ``choice`` and ``choice_reason``;
-2 names the planner's cases ``budget(50%)`` (1: ``plan(50%)``), reads the plan of a case from ``plan``
-(report.json schema 6) and names each ``compiled`` point's ``framework``."""
+PLAN_SCHEMA_VERSION = 5
+"""plan.json schema (each version's changes: docs/report-schema.md): 5 gives each plan row the ``cost`` planned on
+where a case errored too, and per plan ``candidate_rule`` and ``candidate_ratio``; 4 ``paired`` and ``candidates``;
+3 ``cost``, ``option_times``, ``choice``; 2 ``budget(50%)``."""
 
 
 def add_parser(sub) -> None:
@@ -150,7 +149,8 @@ def plan_suite_from_args(args):
 
 def plan_rows(report: dict, budgets, suite=None) -> list[dict]:
     """One row per framework and budget: the planner's case beside the best uniform plan's; with ``suite``, the
-    two plans' steps timed against each other (:func:`parity.cli.plan_choice.paired_times`) before the choice."""
+    two plans' steps timed against each other (:func:`parity.cli.plan_choice.paired_times`) before the choice.
+    A row's ``cost`` is the suite's ``planner_cost`` (else the cases' own, None where neither says)."""
     by = {(c["framework"], c["plan"]): c for c in report["cases"]}
     rows = []
     for fw in dict.fromkeys(c["framework"] for c in report["cases"]):
@@ -158,7 +158,8 @@ def plan_rows(report: dict, budgets, suite=None) -> list[dict]:
             p, u = (by.get((fw, f"{kind}({b})")) for kind in KINDS)
             if p is None:
                 continue
-            row = {"framework": fw, "budget": b, "budget_bytes": p.get("budget_bytes"), "cost": p.get("planner_cost"),
+            cost = suite.planner_cost if suite is not None else p.get("planner_cost") or (u or {}).get("planner_cost")
+            row = {"framework": fw, "budget": b, "budget_bytes": p.get("budget_bytes"), "cost": cost,
                    "option_times": p.get("option_times")}
             for key, c in (("planner", p), ("uniform", u)):
                 row[key] = None if c is None else {
@@ -192,6 +193,7 @@ def _candidates(case: dict) -> dict:
     if not last.get("candidates"):
         return {}
     return {"candidates": last["candidates"], "candidate_choice": last.get("choice_reason"),
+            "candidate_rule": last.get("choice_rule"), "candidate_ratio": last.get("choice_ratio"),
             "candidate_timing": last.get("timing")}
 
 
@@ -236,12 +238,12 @@ TIME_NOTE = f"step times here are a few steps, not interleaved; measure the over
 def table_rows(rows: list[dict]) -> list[list[str]]:
     out = []
     for r in rows:
-        for who in ("planner", "uniform"):
+        for who in KINDS_WHO:
             c = r[who]
             if c is None:
                 continue
             pred_s = c.get("predicted_step_time_s")
-            out.append([r["framework"], r["budget"], fmt_bytes(r["budget_bytes"]), r.get("cost") or "flops", who,
+            out.append([r["framework"], r["budget"], fmt_bytes(r["budget_bytes"]), r.get("cost") or "-", who,
                         c["plan"] or _short_error(c["error"]), c["status"], fmt_bit(c["grads_bitwise_equal"]),
                         fmt_bytes(c["predicted_peak_activation_bytes"]), fmt_bytes(c["peak_activation_bytes"]),
                         fmt_bit(c["within_budget"]), _mflop(c["recompute_flops"]),
@@ -288,8 +290,7 @@ def markdown(report: dict) -> str:
              "slower than the uniform plan beyond the noise, the two timed against each other; a noise ratio decides "
              "nothing).", "",
              md_table(COLUMNS, table_rows(report["plan_rows"])), "",
-             *[f"- {r['framework']} {r['budget']}: {r.get('choice')} ({r.get('choice_reason')})"
-               for r in report["plan_rows"]],
+             *[f"- {line}" for line in choice_lines(report["plan_rows"])],
              *paired_markdown(report["plan_rows"]), *candidates_markdown(report["plan_rows"]),
              *options_markdown(report["plan_rows"])]
     if report.get("compiled"):
@@ -306,19 +307,29 @@ def markdown(report: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-TERMINAL_COLUMNS = ("framework", "budget", "who", "plan", "status", "grads bitwise", "peak act", "within", "time/none",
-                    "chosen")
-"""The plan table's columns on the terminal without ``--wide`` (a subset of :data:`COLUMNS`)."""
+TERMINAL_COLUMNS = ("framework", "budget", "who", "plan", "status", "peak act", "time/none", "chosen")
+"""The plan table's columns on the terminal without ``--wide`` (a subset of :data:`COLUMNS`; ``status`` pass is
+bitwise and within the budget; ``framework`` is headed ``fw``). Below the table: each row's choice with the paired
+ratio and why (:func:`parity.cli.plan_choice.choice_lines`), then each failed case's error."""
 
 
 def print_summary(report: dict, console: Console, wide: bool = False) -> None:
-    """The plan rows (``wide``: every column of :data:`COLUMNS`) and the torch.compile points, within the terminal's width."""
+    """The plan rows (``wide``: every column of :data:`COLUMNS`), plan names broken only after ``+`` or ``,``
+    (:func:`parity.report.terminal.name_table`), the choices and errors, and the torch.compile points, within the
+    terminal's width."""
     keep = [i for i, c in enumerate(COLUMNS) if wide or c in TERMINAL_COLUMNS]
-    rows = table_rows(report["plan_rows"])
-    status = COLUMNS.index("status")
-    console.print(fitted_table(f"remat plans for a budget: {report['model']}", [COLUMNS[i] for i in keep],
-                               ([row[i] for i in keep] for row in rows), left=[True, True, True, True, True],
-                               styles=[None if row[status] == "pass" else "red" for row in rows]))
+    rows, cases = table_rows(report["plan_rows"]), [(r, w) for r in report["plan_rows"] for w in KINDS_WHO if r[w]]
+    plan, status = COLUMNS.index("plan"), COLUMNS.index("status")
+    shown = [["-" if i == plan and r[w]["plan"] is None else row[i] for i in keep] for row, (r, w) in zip(rows, cases)]
+    heads = [COLUMNS[i] if wide or COLUMNS[i] != "framework" else "fw" for i in keep]
+    console.print(name_table(console, f"remat plans for a budget: {report['model']}", heads, shown,
+                             [keep.index(plan)], left=[True] * 5, styles=[None if row[status] == "pass" else "red"
+                                                                       for row in rows]))
+    for line in choice_lines(report["plan_rows"]):
+        console.print(Text(line))
+    for r, who in cases:
+        if r[who]["plan"] is None:
+            console.print(Text(f"{r['framework']} {r['budget']} {who}: {_short_error(r[who]['error'])}", style="red"))
     if any(row[COLUMNS.index("time/none")].startswith("noise") for row in rows):
         console.print(Text(f"time/none: noise where its range is wider than its distance from 1; {TIME_NOTE}"))
     if report.get("compiled"):

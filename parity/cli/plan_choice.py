@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from jaxremat.spec.plan import parse_plan
 
-from parity.cases.plan_timing import time_plans
+from parity.cases.plan_timing import spread_text, time_plans
 from parity.checks.timing import RatioSpread
 from parity.inputs.pretrained import preset_inputs
 from parity.report.format import md_table
 
 __all__ = ["CANDIDATE_COLUMNS", "OPTION_COLUMNS", "PAIRED_COLUMNS", "PAIR_ROUNDS", "candidate_rows",
-           "candidates_markdown", "choose", "option_rows", "options_markdown", "paired_markdown", "paired_times",
+           "candidates_markdown", "choice_lines", "choose", "option_rows", "options_markdown", "paired_markdown",
+           "paired_times",
            "time_vs_uniform"]
 
 PAIR_ROUNDS = 9
@@ -62,7 +63,7 @@ def choose(row: dict) -> tuple[str, str]:
             ("none", "neither case passed")
     if u.get("status") != "pass":
         return "planner", f"the uniform case is {u.get('status') or 'missing'}"
-    cost = row.get("cost") or "flops"
+    cost = row.get("cost") or "cost"
     if (row.get("paired") or {}).get("same_plan"):
         return "planner", "the same plan as the uniform one"
     t = time_vs_uniform(row)
@@ -73,6 +74,30 @@ def choose(row: dict) -> tuple[str, str]:
     if t.median > 1:
         return "uniform", f"measured slower than the uniform plan (paired): {t.text(3)}"
     return "planner", f"measured no slower than the uniform plan (paired): {t.text(3)}"
+
+
+def _candidate_note(case: dict) -> str | None:
+    """A case's pick among candidates timed whole, in a few words: its rule and the ratio it rests on."""
+    rule, r = case.get("candidate_rule"), case.get("candidate_ratio")
+    if not rule:
+        return None
+    if r is None:
+        return rule
+    ratio = spread_text(RatioSpread(r["median"], r["min"], r["max"], r["rounds"]))
+    return f"{rule} ({ratio} of the least-FLOPs candidate)" if rule.startswith("fastest") else \
+        f"{rule} (the least median: {ratio})"
+
+
+def choice_lines(rows: list[dict]) -> list[str]:
+    """One line per plan row: the plan to use and why (:func:`choose`: with the planner's plan over the uniform
+    plan, paired, median [min-max]), and where candidates were timed whole each case's pick and its rule."""
+    out = []
+    for r in rows:
+        line = f"{r['framework']} {r['budget']}: {r.get('choice')} ({r.get('choice_reason')})"
+        picks = [f"{who} {note}" for who in ("planner", "uniform")
+                 if (note := _candidate_note(r.get(who) or {})) is not None]
+        out.append(line + (f"; candidates timed whole: {', '.join(picks)}" if picks else ""))
+    return out
 
 
 OPTION_COLUMNS = ("framework", "option", "forward ms/block", "backward ms/block (recompute incl.)", "segment ms",
@@ -136,7 +161,7 @@ def paired_markdown(rows: list[dict]) -> list[str]:
 
 
 CANDIDATE_COLUMNS = ("framework", "budget", "case", "candidate", "why a candidate", "recompute FLOPs", "step ms",
-                     "vs the model's choice (paired)", "chosen")
+                     "vs least FLOPs (paired)", "chosen")
 
 
 def candidate_rows(rows: list[dict]) -> list[list[str]]:
@@ -148,7 +173,7 @@ def candidate_rows(rows: list[dict]) -> list[list[str]]:
                 v = c["vs_model_choice"]
                 out.append([r["framework"], r["budget"], who, c["plan"], "; ".join(c["sources"]),
                             f"{c['recompute_flops'] / 1e6:.1f} M", _ms(c["step_ms"]),
-                            RatioSpread(v["median"], v["min"], v["max"], v["rounds"]).text(3),
+                            spread_text(RatioSpread(v["median"], v["min"], v["max"], v["rounds"])),
                             "yes" if c["plan"] == r[who]["plan"] else ""])
     return out
 
@@ -164,7 +189,8 @@ def candidates_markdown(rows: list[dict]) -> list[str]:
     return ["", "## Candidate plans, timed whole (the time cost)", "",
             f"Each case's candidates (`parity.cases.budget_plan.candidate_plans`) compiled once and their training "
             f"steps timed interleaved over {', '.join(map(str, sorted(rounds)))} rounds (process CPU time; load "
-            f"{loads[0] if loads else '-'}-{loads[-1] if loads else '-'}); `vs the model's choice`: the median of "
-            "per-round ratios to the first candidate, [min-max]. The fastest is chosen when it beats the model's "
-            "choice beyond the noise (`parity.cases.plan_timing.fastest`); the planner's candidates include the "
-            "uniform ones.", "", md_table(CANDIDATE_COLUMNS, table)]
+            f"{loads[0] if loads else '-'}-{loads[-1] if loads else '-'}); `vs least FLOPs`: the median of "
+            "per-round ratios to the candidate of fewest recompute FLOPs, [min-max]. That candidate is kept unless "
+            "another is faster in every paired round, the whole [min-max] below 1 "
+            "(`parity.cases.plan_timing.pick_cases`, one rule for both cases: `fastest beyond noise`, else `noise: least FLOPs kept`); the planner's "
+            "case picks among its own candidates and the uniform case's pick.", "", md_table(CANDIDATE_COLUMNS, table)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 
 def split_list(text: str) -> tuple[str, ...]:
@@ -57,7 +58,23 @@ class OneLineParser(argparse.ArgumentParser):
 
     argparse's own ``error`` prints the whole usage block before the message; the commands'
     other errors are one line, and so are these. Subparsers made from it are of this class too.
+    A value that starts with a minus and a digit (``--budget -5%``) is the option's value, as
+    ``--budget=-5%`` is: argparse would take it for an option and say only "expected one argument",
+    where the option's own check says what is wrong with the value.
     """
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: D102 - argparse's hook
+        joined: list[str] = []
+        for arg in sys.argv[1:] if args is None else args:
+            if joined and _NEGATIVE.match(arg) and _LONG_OPTION.fullmatch(joined[-1]):
+                joined[-1] += "=" + arg
+            else:
+                joined.append(arg)
+        return super().parse_known_args(joined, namespace)
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
         self.exit(2, f"error: {self.prog}: {message}; see {self.prog} --help\n")
+
+
+_NEGATIVE = re.compile(r"-[0-9.]")
+_LONG_OPTION = re.compile(r"--[A-Za-z][-A-Za-z0-9_]*")

@@ -21,8 +21,8 @@ CFG = TransformerConfig(arch="gpt", vocab_size=64, n_layer=4, d_model=16, n_head
 
 @pytest.mark.parametrize("text, kind, fraction, nbytes", [
     ("budget(50%)", "budget", 0.5, None), ("budget( 12MiB )", "budget", None, 12 * 2**20),
-    ("budget(4096)", "budget", None, 4096),
-    ("best_uniform(80%)", "best_uniform", 0.8, None), ("best_uniform(4096)", "best_uniform", None, 4096),
+    ("budget(4096B)", "budget", None, 4096),
+    ("best_uniform(80%)", "best_uniform", 0.8, None), ("best_uniform(4kib)", "best_uniform", None, 4096),
 ])
 def test_budget_requests_parse(text, kind, fraction, nbytes):
     r = parse_case_plan(text)
@@ -176,7 +176,7 @@ def test_the_time_cost_by_whole_plans_runs_the_fastest_candidate_and_records_the
     assert last["candidates"][0]["vs_model_choice"]["median"] == 1.0 and len(last["candidates"]) == len(timed[0])
     chosen = next(c for c in last["candidates"] if c["plan"] == r.plan.name)
     assert chosen["vs_model_choice"]["median"] == pytest.approx(0.8) and not chosen["vs_model_choice"]["noise"]
-    assert last["choice_reason"].startswith("measured fastest of ")
+    assert last["choice_reason"].startswith("fastest beyond noise: ")
     assert last["timing"] == {"rounds": 3, "load_1min": [1.0, 1.0]}
     with pytest.raises(ValueError, match="pass time_plans"):
         resolve(request, "jax", CFG, 2, 8, run(NONE), run, cost="time")
@@ -245,7 +245,12 @@ def test_run_takes_a_budget_plan_like_any_schedule(tmp_path):
     (["plan", "--model", "minilm-l6-short", "--cost", "time"], "timed for the gpt family only"), (["plan", "--frontier", "--budget", "12MiB"], "percentages"),
     (["run", "--model", "minilm-l6", "--schedules", "budget(50%)"], "which runs dropout 0"),
     (["run", "--model", "gpt-tiny", "--schedules", "plan(50%)"], "a memory budget is written budget(50%)"),
+    (["plan", "--budget", "12"], "budget '12' has no unit: write a percentage"),
+    (["plan", "--budget", "0.5"], "budget '0.5' has no unit"),
+    (["plan", "--budget", "-5%"], "budget '-5%': a percentage"),
+    (["plan", "--budget", "50%,-5MiB"], "must be above 0 bytes"),
 ])
 def test_plan_bad_input_is_one_line_and_exit_2(argv, match, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "x")]) == 2
-    assert match in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1 and err.startswith("error: ")

@@ -1,7 +1,7 @@
 """The plan command's choice between the planner's plan and the uniform plan (parity.cli.plan_choice)."""
 
-from parity.cli.plan_choice import (candidate_rows, candidates_markdown, choose, option_rows, options_markdown,
-                                   paired_markdown, time_vs_uniform)
+from parity.cli.plan_choice import (candidate_rows, candidates_markdown, choice_lines, choose, option_rows,
+                                   options_markdown, paired_markdown, time_vs_uniform)
 
 
 def _row(ratio=None, p_status="pass", u_status="pass", cost="time", same=False):
@@ -65,6 +65,20 @@ def test_the_candidates_table_has_one_row_per_candidate_and_marks_the_chosen():
     md = "\n".join(candidates_markdown([row]))
     assert "over 7 rounds (process CPU time; load 2.0-2.5)" in md
     assert candidates_markdown([_row()]) == []
+
+
+def test_the_choice_lines_give_the_paired_ratio_and_each_case_s_rule():
+    row = _row((0.95, 0.93, 0.97))
+    row["choice"], row["choice_reason"] = choose(row)
+    row["planner"].update(candidate_rule="fastest beyond noise",
+                          candidate_ratio={"median": 0.9, "min": 0.85, "max": 0.95, "rounds": 7, "noise": True})
+    row["uniform"].update(candidate_rule="noise: least FLOPs kept",
+                          candidate_ratio={"median": 0.97, "min": 0.9, "max": 1.1, "rounds": 7, "noise": True})
+    assert choice_lines([row, _row(cost="flops") | {"choice": "planner", "choice_reason": "by the flops model"}]) == [
+        "torch 50%: planner (measured no slower than the uniform plan (paired): 0.950x [0.930-0.970]); candidates "
+        "timed whole: planner fastest beyond noise (0.900x [0.850-0.950] of the least-FLOPs candidate), uniform "
+        "noise: least FLOPs kept (the least median: 0.970x [0.900-1.100])",
+        "torch 50%: planner (by the flops model)"]
 
 
 def test_the_measured_options_table_has_one_row_per_option_and_framework():

@@ -6,27 +6,53 @@ import pytest
 from jaxremat.models import init_params
 from jaxremat.models.config import TransformerConfig
 from jaxremat.spec.plan import parse_plan
-from parity.cases.plan_timing import PlanTimes, fastest, time_plans
+from parity.cases.plan_timing import KEPT, REPLACED, PlanTimes, beyond_noise, pick, pick_cases, time_plans
 
 CFG = TransformerConfig(arch="gpt", vocab_size=64, n_layer=2, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
 
 
 
-def test_the_candidate_of_least_median_paired_ratio_is_chosen_and_its_noise_said():
-    t = PlanTimes({"model": (1.0, 1.1, 0.9, 1.0), "fast": (0.80, 0.86, 0.73, 0.81), "slow": (1.3, 1.4, 1.2, 1.3)})
-    who, why = fastest(t, "model")
-    assert who == "fast" and why == "measured fastest of 3 candidates: 0.805x [0.782-0.811] of the model's choice model"
-    r = t.ratio("fast", "model")  # paired round by round: 0.80, 0.782, 0.811, 0.81
-    assert r.rounds == 4 and r.low == pytest.approx(0.86 / 1.1) and r.high == pytest.approx(0.811, abs=1e-3)
-    assert fastest(t, "model", ["model", "slow"])[0] == "model"  # only the names given compete
-    who, why = fastest(PlanTimes({"model": (1.0, 1.0, 1.0), "maybe": (0.95, 0.70, 1.05)}), "model")
-    assert who == "maybe" and why.endswith("noise (0.950x [0.700-1.050]) of the model's choice model")
+def test_a_candidate_replaces_the_least_flops_one_only_when_faster_in_every_round():
+    t = PlanTimes({"least": (1.0, 1.1, 0.9, 1.0), "fast": (0.80, 0.86, 0.73, 0.81), "slow": (1.3, 1.4, 1.2, 1.3),
+                   "maybe": (0.70, 0.70, 0.95, 0.70)})
+    got = pick(t, [("slow", 30.0), ("fast", 20.0), ("least", 10.0)])
+    r = t.ratio("fast", "least")  # paired round by round: 0.80, 0.782, 0.811, 0.81
+    assert (got.plan, got.rule) == ("fast", REPLACED) and got.ratio == r and beyond_noise(r)
+    assert got.reason == ("fastest beyond noise: fast 0.805x [0.782-0.811] of the least-FLOPs candidate least, "
+                          "faster in every one of 4 paired rounds")
+    # "maybe" has the least median (0.70x) but one round slower (0.95/0.9): within the noise, so the order decides
+    got = pick(t, [("least", 10.0), ("maybe", 20.0), ("slow", 30.0)])
+    assert (got.plan, got.rule, got.ratio.median) == ("least", KEPT, pytest.approx(0.7))
+    assert got.reason.startswith("noise: least FLOPs kept: least; no candidate of 3 faster in every paired round")
 
 
-def test_the_model_choice_stays_when_nothing_measured_faster():
-    who, why = fastest(PlanTimes({"model": (1.0, 1.0), "slower": (1.2, 1.3), "tie": (1.0, 1.0)}), "model")
-    assert who == "model" and why.startswith("the model's choice, measured fastest of 3 candidates")
-    assert fastest(PlanTimes({"model": (1.0,)}), "model") == ("model", "the only candidate")
+def test_the_fixed_order_is_fewest_flops_then_name_and_replacement_is_transitive():
+    t = PlanTimes({"a": (1.0, 1.0), "b": (1.0, 1.0), "c": (0.9, 0.9), "d": (0.8, 0.85)})
+    assert pick(t, [("b", 5.0), ("a", 5.0)]).plan == "a"  # a tie in FLOPs: by name
+    assert (pick(t, [("b", 5.0), ("a", 6.0)]).plan, pick(t, [("b", 5.0), ("a", 6.0)]).rule) == ("b", KEPT)
+    got = pick(t, [("a", 1.0), ("c", 2.0), ("d", 3.0)])  # c replaces a, then d replaces c
+    assert got.plan == "d" and got.ratio == t.ratio("d", "a")
+    assert pick(PlanTimes({"x": (1.0,)}), [("x", 1.0)]).rule == "the only candidate"
+    assert pick(PlanTimes({"a": (1.0,), "b": (0.5,)}), [("a", 1.0), ("b", 2.0)]).plan == "a"  # one round: no spread
+    with pytest.raises(ValueError, match="at least one"):
+        pick(t, [])
+
+
+def test_the_planner_and_the_uniform_case_never_rank_two_plans_in_opposite_orders():
+    # u1 has a lower median than u0 against the FLOPs plan p0, but u1/u0 is 1.03x [0.78-1.37]: the old rule (the
+    # least median against each case's own first candidate) gave the planner u1 and the uniform case u0
+    t = PlanTimes({"p0": (1.0, 1.0, 1.0), "u0": (0.90, 1.20, 0.95), "u1": (0.93, 0.93, 1.30)})
+    picks = pick_cases(t, [("p0", 10.0), ("u0", 20.0), ("u1", 30.0)], [("u0", 20.0), ("u1", 30.0)])
+    assert (picks["best_uniform"].plan, picks["best_uniform"].rule) == ("u0", KEPT)
+    assert (picks["budget"].plan, picks["budget"].rule) == ("p0", KEPT)
+    # u1 faster than p0 in every round, but not than u0: the planner takes u0, the uniform case's pick, or p0
+    t = PlanTimes({"p0": (1.0, 1.0, 1.0), "u0": (0.90, 0.95, 0.92), "u1": (0.85, 0.90, 0.95)})
+    picks = pick_cases(t, [("p0", 10.0), ("u0", 20.0), ("u1", 30.0)], [("u0", 20.0), ("u1", 30.0)])
+    assert picks["best_uniform"].plan == picks["budget"].plan == "u0" and picks["budget"].rule == REPLACED
+    # the FLOPs plan is a uniform plan: both cases pick among the same plans, and agree
+    t = PlanTimes({"u0": (1.0, 1.0), "u1": (0.9, 0.9)})
+    picks = pick_cases(t, [("u0", 1.0), ("u1", 2.0)], [("u0", 1.0), ("u1", 2.0)])
+    assert picks["budget"] == picks["best_uniform"] and picks["budget"].plan == "u1"
 
 
 def test_plan_times_record_medians_in_ms_and_the_load():

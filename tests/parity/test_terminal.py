@@ -48,6 +48,32 @@ def test_no_line_is_wider_than_the_terminal_and_no_header_is_cut(monkeypatch, co
     assert not any("…" in x for x in lines), what  # rich's ellipsis: a cut header or cell
 
 
+@pytest.mark.parametrize("columns", [100, 80])
+def test_plan_names_are_broken_only_after_plus_or_comma_and_the_choice_is_said(monkeypatch, columns):
+    rows = [dict(r) for r in PLAN["plan_rows"]]
+    row = rows[2]  # jax 30%: plan(1*6+save_nothing,1+save_qkv_proj,1:store) against segments(8)
+    row.update(choice="planner", choice_reason="paired time/uniform noise (1.010x [0.900-1.100]): noise decides "
+               "nothing; by the time model", planner={**row["planner"], "candidate_rule": "noise: least FLOPs kept",
+                                                     "candidate_ratio": {"median": 0.97, "min": 0.9, "max": 1.1,
+                                                                         "rounds": 7, "noise": True}})
+    text = "\n".join(lines := _printed(monkeypatch, columns, lambda c: print_summary({**PLAN, "plan_rows": rows}, c)))
+    assert max(len(x) for x in lines) <= columns
+    names = {r[w]["plan"] for r in rows for w in ("planner", "uniform") if r[w]["plan"]}
+    assert len(names) > 10 and max(map(len, names)) > columns - 30  # names that need breaking
+    for name in names:  # every piece whole: a cut inside save_qkv_proj or 1:store) would fail
+        assert all(piece in text for piece in terminal.name_pieces(name)), name
+    assert "jax 30%: planner (paired time/uniform noise (1.010x [0.900-1.100])" in " ".join(text.split())
+    assert "planner noise: least FLOPs kept (the least median: 0.970x [0.900-1.100])" in " ".join(text.split())
+
+
+def test_break_name_breaks_after_plus_or_comma_only():
+    name = "plan(1+save_nothing,2*2+save_qkv_proj,1:store)"
+    assert terminal.name_pieces(name) == ["plan(1+", "save_nothing,", "2*2+", "save_qkv_proj,", "1:store)"]
+    assert terminal.break_name(name, 20) == "plan(1+save_nothing,\n2*2+save_qkv_proj,\n1:store)"
+    assert terminal.break_name(name, 5) == "\n".join(terminal.name_pieces(name))  # a long piece stays whole
+    assert terminal.break_name(name, 99) == name and terminal.name_pieces("full") == ["full"]
+
+
 def test_run_prints_the_verdict_first_then_the_compact_columns(monkeypatch):
     lines = _printed(monkeypatch, 100, lambda c: print_tables(RUN, c))
     assert lines[0].startswith("Verdict: ")

@@ -110,6 +110,7 @@ def test_bench_planner_chooses_jax_time_plans_among_whole_plans_timed_once():
     from jaxremat.models.config import TransformerConfig
     from jaxremat.spec.planner import BlockOption
     from parity.cases.plan_timing import PlanTimes
+    from parity.experiments.overhead_plans import choose_plans, plan_timer
 
     bench = _bench()
     cfg = TransformerConfig(vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8)
@@ -127,12 +128,12 @@ def test_bench_planner_chooses_jax_time_plans_among_whole_plans_timed_once():
         return chain
 
     plans = ["none", "budget(50%)", "budget(50%):time", "best_uniform(50%):time", "plain:full"]
-    chosen, cands = bench._choices(plans, chains, cfg.n_layer, time_plans)
+    chosen, cands = choose_plans(plans, chains, cfg.n_layer, time_plans, bench.TORCH_REFERENCES)
     assert set(chosen) == {"none", "budget(50%)", "budget(50%):time", "best_uniform(50%):time"}
     assert timed[0] == timed[1] and chosen["budget(50%):time"].name == timed[0][-1]
     assert chosen["best_uniform(50%):time"].name == timed[0][-1]  # the uniform candidates are the planner's too
     assert list(cands) == ["budget(50%):time", "best_uniform(50%):time"]
     rows = cands["budget(50%):time"]["candidates"]
     assert rows[0]["plan"] == chosen["budget(50%)"].name and rows[0]["vs_model_choice"]["median"] == 1.0
-    assert cands["budget(50%):time"]["choice_reason"].startswith("measured fastest of ")
-    assert bench._plan_timer("torch", cfg, {}, None) is None and bench._plan_timer("jax", cfg, {}, None) is not None
+    assert cands["budget(50%):time"]["choice_reason"].startswith("fastest beyond noise: ")
+    assert plan_timer("torch", cfg, {}, None) is None and plan_timer("jax", cfg, {}, None) is not None

@@ -359,3 +359,27 @@ def test_time_cost_needs_every_option_timed():
         plan_for_budget([[store, plain]] * 2, 100, 1, cost="seconds")
     with pytest.raises(ValueError, match="step_time_s must be a finite number >= 0"):
         BlockOption("store", False, kept_bytes=1, working_bytes=1, step_time_s=-1.0)
+
+
+@pytest.mark.parametrize("text, fraction, nbytes, canonical", [
+    ("50%", 0.5, None, "50%"), (" 12MiB ", None, 12 * 2**20, "12MiB"), ("12000000B", None, 12_000_000, "12000000B"),
+    ("4kib", None, 4096, "4KiB"), ("0.5KB", None, 500, "0.5KB"),
+])
+def test_parse_budget_reads_percentages_and_bytes_with_a_unit(text, fraction, nbytes, canonical):
+    from jaxremat.spec.planner import parse_budget
+
+    b = parse_budget(text)
+    assert (b.fraction, b.bytes, b.text) == (fraction, nbytes, canonical) and parse_budget(b.text) == b
+
+
+@pytest.mark.parametrize("text, match", [
+    ("12", r"^budget '12' has no unit: write a percentage .* \(50%\) or bytes with a unit \(12MiB, .*12000000B\)"),
+    ("0.5", "has no unit"), ("-5", "has no unit"), ("-5%", r"a percentage must lie in \(0%, 100%\]"),
+    ("-5MiB", "must be above 0 bytes"), ("0.5B", "under one byte"), ("12XB", "units: B, KB"),
+    ("", "write a percentage"),
+])
+def test_parse_budget_refuses_a_bare_number_and_says_to_add_a_unit(text, match):
+    from jaxremat.spec.planner import parse_budget
+
+    with pytest.raises(ValueError, match=match):
+        parse_budget(text)
