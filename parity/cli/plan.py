@@ -41,9 +41,7 @@ from parity.checks.timing import MEASURE_COMMAND
 from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.cli.budget import check_fits, run_estimate
-from parity.cli.checks import out_path, unique_items
-from parity.cli.plan_choice import (candidates_markdown, choice_lines, choose, options_markdown, paired_markdown,
-                                   paired_times, time_vs_uniform)
+from parity.cli import plan_choice as pc
 from parity.cli.command import checked, claimed, make_console
 from parity.cli.util import ascii_int
 from parity.inputs.model_preset import with_shape
@@ -108,8 +106,8 @@ def add_parser(sub) -> None:
 
 def plan_suite_from_args(args):
     """The suite of a ``plan`` command (:class:`parity.cases.suite.SuiteConfig`); raises ValueError."""
-    args.out = out_path("--out", args.out)
-    budgets = unique_items("--budget", args.budget, canonical=lambda s: parse_budget(s).text)
+    args.out = cc.out_path("--out", args.out)
+    budgets = cc.unique_items("--budget", args.budget, canonical=lambda s: parse_budget(s).text)
     if args.frontier and args.budget == "50%":
         budgets = DEFAULT_FRONTIER
     frameworks = cc.frameworks_option(args.frameworks)
@@ -179,11 +177,11 @@ def plan_rows(report: dict, budgets, suite=None) -> list[dict]:
                                            "less" if pf < uf else "equal" if pf == uf else "more")
             rows.append(row)
     if suite is not None:
-        paired_times(suite, rows)
+        pc.paired_times(suite, rows)
     for row in rows:
-        t = time_vs_uniform(row)
+        t = pc.time_vs_uniform(row)
         row["time_vs_uniform"] = None if t is None else t.as_dict()
-        row["choice"], row["choice_reason"] = choose(row)
+        row["choice"], row["choice_reason"] = pc.choose(row)
     return rows
 
 
@@ -290,9 +288,9 @@ def markdown(report: dict) -> str:
              "slower than the uniform plan beyond the noise, the two timed against each other; a noise ratio decides "
              "nothing).", "",
              md_table(COLUMNS, table_rows(report["plan_rows"])), "",
-             *[f"- {line}" for line in choice_lines(report["plan_rows"])],
-             *paired_markdown(report["plan_rows"]), *candidates_markdown(report["plan_rows"]),
-             *options_markdown(report["plan_rows"])]
+             *[f"- {line}" for line in pc.choice_lines(report["plan_rows"])],
+             *pc.paired_markdown(report["plan_rows"]), *pc.candidates_markdown(report["plan_rows"]),
+             *pc.options_markdown(report["plan_rows"])]
     if report.get("compiled"):
         parts += ["", "## torch.compile with activation_memory_budget (PyTorch's own compiler-assisted remat)", "",
                   "Random ops are never recomputed (`torchref.compiled_random`: below 1.0 torch's own partition "
@@ -309,8 +307,8 @@ def markdown(report: dict) -> str:
 
 TERMINAL_COLUMNS = ("framework", "budget", "who", "plan", "status", "peak act", "time/none", "chosen")
 """The plan table's columns on the terminal without ``--wide`` (a subset of :data:`COLUMNS`; ``status`` pass is
-bitwise and within the budget; ``framework`` is headed ``fw``). Below the table: each row's choice with the paired
-ratio and why (:func:`parity.cli.plan_choice.choice_lines`), then each failed case's error."""
+bitwise and within the budget; ``framework`` is headed ``fw``; ``time/none`` without its range). Below the table:
+each row's choice with the paired ratio and why (:func:`parity.cli.plan_choice.choice_lines`), then errors."""
 
 
 def print_summary(report: dict, console: Console, wide: bool = False) -> None:
@@ -319,13 +317,15 @@ def print_summary(report: dict, console: Console, wide: bool = False) -> None:
     terminal's width."""
     keep = [i for i, c in enumerate(COLUMNS) if wide or c in TERMINAL_COLUMNS]
     rows, cases = table_rows(report["plan_rows"]), [(r, w) for r in report["plan_rows"] for w in KINDS_WHO if r[w]]
-    plan, status = COLUMNS.index("plan"), COLUMNS.index("status")
-    shown = [["-" if i == plan and r[w]["plan"] is None else row[i] for i in keep] for row, (r, w) in zip(rows, cases)]
+    plan, status, time = COLUMNS.index("plan"), COLUMNS.index("status"), COLUMNS.index("time/none")
+    shown = [[("-" if r[w]["plan"] is None else row[i]) if i == plan else row[i] if wide or i != time else
+              fmt_time_ratio(r[w]["time_overhead"], r[w].get("time_overhead_range"), False) for i in keep]
+             for row, (r, w) in zip(rows, cases)]  # time/none's range: --wide and plan.md
     heads = [COLUMNS[i] if wide or COLUMNS[i] != "framework" else "fw" for i in keep]
     console.print(name_table(console, f"remat plans for a budget: {report['model']}", heads, shown,
                              [keep.index(plan)], left=[True] * 5, styles=[None if row[status] == "pass" else "red"
                                                                        for row in rows]))
-    for line in choice_lines(report["plan_rows"]):
+    for line in pc.choice_lines(report["plan_rows"]):
         console.print(Text(line))
     for r, who in cases:
         if r[who]["plan"] is None:

@@ -4,6 +4,7 @@ terminal), no header cut; ``--wide`` shows every column."""
 import io
 import json
 import pathlib
+import re
 
 import pytest
 from rich.console import Console
@@ -12,6 +13,7 @@ from parity.cli.plan import COLUMNS as PLAN_COLUMNS
 from parity.cli.plan import print_summary
 from parity.report import terminal
 from parity.report.distributed_report import print_mesh_tables
+from parity.report.format import fmt_time_ratio
 from parity.report.finetune_report import print_finetune
 from parity.report.suite_report import CASE_COLUMNS, TERMINAL_COLUMNS, print_tables
 
@@ -64,6 +66,11 @@ def test_plan_names_are_broken_only_after_plus_or_comma_and_the_choice_is_said(m
         assert all(piece in text for piece in terminal.name_pieces(name)), name
     assert "jax 30%: planner (paired time/uniform noise (1.010x [0.900-1.100])" in " ".join(text.split())
     assert "planner noise: least FLOPs kept (the least median: 0.970x [0.900-1.100])" in " ".join(text.split())
+    table = text[:re.search(r"^\w+ \S+: ", text, re.M).start()]  # above the choice lines: time/none without its
+    # range (--wide and plan.md have it), so that no cell folds at 80 columns
+    cells = {fmt_time_ratio(r[w]["time_overhead"], r[w].get("time_overhead_range"), False)
+             for r in rows for w in ("planner", "uniform") if r[w]}
+    assert cells and all(c in table.split() for c in cells) and "[" not in table, cells
 
 
 def test_break_name_breaks_after_plus_or_comma_only():
