@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .pullback_order import pull_back_in_place
 from .layer_pass import LayerProgram, alive, differentiated_policy, isolate, predicate, rebuild, take, tie
 from .same_program import batched_with
 from .spec.schedules import Segment
@@ -225,12 +226,15 @@ class _Stack:
         def run(op, buffers):
             params, xs, consts, i, res, j, ct_c, ct_y = op
             ct_c = batched_with(ct_c, (params, xs, consts, res, ct_y))
-            p, x = take(params, i), take(xs, i)
+            x = take(xs, i)
             kept, meta = prog.residuals(params, xs, consts, i, take(res, j)), prog.meta
-            dp, dc, dx, dk = rebuild(meta, kept, p, x, consts)((_cotangent(self.carry_template, ct_c), ct_y))
-            slots = (_ct_slots(dc, self.carry_template), _ct_slots(dp, self.params), _ct_slots(dx, self.xs),
-                     _ct_slots(dk, self.consts))
-            dc, gp, gx, gk = self._accumulate((None,) + tuple(buffers), slots, i)
+
+            def pull(p, kept, x, consts, ct_c, ct_y):
+                dp, dc, dx, dk = rebuild(meta, kept, p, x, consts)((_cotangent(self.carry_template, ct_c), ct_y))
+                return _ct_slots(dp, self.params), (_ct_slots(dc, self.carry_template), _ct_slots(dx, self.xs),
+                                                    _ct_slots(dk, self.consts))
+            (dc, dx, dk), gp = pull_back_in_place(pull, params, i, (kept, x, consts, ct_c, ct_y), buffers[0])
+            _, _, gx, gk = self._accumulate((None, []) + tuple(buffers[1:]), (dc, [], dx, dk), i)
             return dc, (gp, gx, gk)
         dc, (gp, gx, gk) = isolate(run, (self.params, self.xs, self.consts, i, res, j, ct_c, ct_y), self.pred + live,
                                    (gp, gx, gk))
