@@ -224,6 +224,8 @@ def remat_scan(
     schedule, policy = resolve_plan(schedule, policy)
     jax_policy = to_jax_policy(policy)
     n_layer = stack_depth(stacked_params, xs)
+    if method == "reverse_loop" and n_layer == 1:
+        method = "checkpoint"  # one layer: see the module docstring, "One layer"
     segments = schedule.segments_for(n_layer)
     check_default_policy(segments, None if jax_policy is None else policy_name(policy), "remat_scan")
     save = check_custom_vjp_residuals(custom_vjp_residuals) == "save"
