@@ -55,43 +55,12 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend.core.primitives import remat_p
 
 from .same_program import batched_with, bind_eqn, opaque, round_saveable, unbatched
+from .slice_order import numeric_entries, alive, eval_slicing_late, take
 
-__all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild",
-           "runs_once", "take", "tie"]
+__all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "differentiated_policy", "isolate", "predicate", "rebuild",
+           "runs_once", "tie"]
 
 _tree = jax.tree_util
-
-
-def take(tree, i):
-    """Slice ``i`` of every leaf's leading axis (``i`` may be traced)."""
-    return _tree.tree_map(lambda a: lax.dynamic_index_in_dim(a, i, 0, keepdims=False), tree)
-
-
-def _entries(tree) -> list:
-    """One entry of every numeric leaf of ``tree`` (key, float0 and empty leaves skipped)."""
-    out = []
-    for a in _tree.tree_leaves(tree):
-        dt = jnp.result_type(a)
-        if not (jnp.issubdtype(dt, jnp.number) or dt == jnp.bool_) or np.size(a) == 0:
-            continue
-        out.append(jnp.ravel(a)[0] if jnp.ndim(a) else jnp.asarray(a))
-    return out
-
-
-def alive(*trees, alive=None):
-    """A float32 scalar, 0.0 or NaN, that reads one entry of every leaf of ``trees`` (and ``alive``).
-
-    Read into a value that is used (:func:`tie`), it keeps the outputs ``trees`` came from in the
-    program though nothing else reads them, and it orders work: what reads the tied value cannot
-    start before ``trees`` exist (a recompute waits for its cotangent).
-    """
-    vals = [jnp.real(v).astype(jnp.float32) * np.float32(0.0) for v in _entries(trees)]
-    if alive is not None:
-        vals.append(alive)
-    out = vals[0] if vals else jnp.float32(0.0)
-    for v in vals[1:]:
-        out = out + v
-    return out
 
 
 def predicate(tree):
@@ -102,9 +71,9 @@ def predicate(tree):
     branch. Give values that are not batched under ``jax.vmap`` first (a stack's parameters): a
     batched predicate turns ``lax.cond`` into a select that runs both branches.
     """
-    leaves = [a for a in _tree.tree_leaves(tree) if _entries([a])]
+    leaves = [a for a in _tree.tree_leaves(tree) if numeric_entries([a])]
     traced = [a for a in leaves if isinstance(a, jax.core.Tracer)]
-    entries = _entries((traced or leaves)[:1])
+    entries = numeric_entries((traced or leaves)[:1])
     return jnp.real(entries[0]).astype(jnp.float32) if entries else jnp.float32(0.0)
 
 
@@ -478,7 +447,13 @@ class LayerProgram:
 
         def run(op, stacks=None):
             params, xs, consts, i, c = op[:5]
-            out = _eval(jaxpr, [], self._inputs(params, xs, consts, i, batched_with(c, (params, xs, consts))))
+            c = batched_with(c, (params, xs, consts))
+            if self.policy is None:  # parameter slices taken as late as they are read (jaxremat.slice_order)
+                p_stacks = _tree.tree_leaves(params)
+                ins = self.consts + [None] * len(p_stacks) + _tree.tree_leaves((c, take(xs, i), consts))
+                out = eval_slicing_late(jaxpr, ins, {len(self.consts) + k: (a, i) for k, a in enumerate(p_stacks)})
+            else:
+                out = _eval(jaxpr, [], self._inputs(params, xs, consts, i, c))
             c_out, y, kept = self._stacked(out, stacks, op[5])
             return (c_out, y, list(out[self.n_out:])), kept
         if stacks is None:

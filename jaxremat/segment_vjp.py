@@ -51,8 +51,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .pullback_order import pull_back_in_place
-from .layer_pass import LayerProgram, alive, differentiated_policy, isolate, predicate, rebuild, take, tie
+from .layer_pass import LayerProgram, differentiated_policy, isolate, predicate, rebuild, tie
+from .slice_order import alive, pull_back_in_place, take
 from .same_program import batched_with
 from .spec.schedules import Segment
 
