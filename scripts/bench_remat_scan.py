@@ -10,8 +10,6 @@ temp bytes (``Compiled.memory_analysis().temp_size_in_bytes``, MB) of:
 * ``scan+ckpt``: a hand-written ``lax.scan(jax.checkpoint(block))`` (per-layer remat; beside ``full``);
 * ``scan``: a hand-written ``lax.scan(block)`` (beside ``none``);
 * ``unrolled``: a Python loop over the layers without remat (beside ``none``);
-* ``W+R+C``: the bound of the default's fixed cost (:func:`fixed_bound_bytes`): one layer's largest
-  parameter, the residuals ``jax.vjp`` keeps for one layer, and one carry.
 
 The families: ``mlp`` (D 512, F 2048, B 256; activations above parameters), ``wide`` (D 1024,
 F 4096, B 64), ``batch1`` (D 512, F 2048, B 1) and ``params>>acts`` (D 1024, F 4096, B 4; a layer's
@@ -33,7 +31,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jaxremat.render import remat_scan
@@ -111,30 +108,6 @@ def family_case(fam: str, n: int, unrolled: bool = False):
     return (lambda lp, c, _: block_forward(lp, c, cfg)), loss_of, params, tokens, 0
 
 
-def fixed_bound_bytes(block_fn, params, x, fam: str) -> dict:
-    """One layer's sizes that bound the default rendering's fixed cost (docs/memory-model.md, section 7).
-
-    ``weight``: the layer's largest parameter leaf; ``residuals``: the bytes ``jax.vjp`` keeps for the
-    layer that are not its inputs (:func:`jaxremat.memory.saved_activation_bytes`); ``carry``: the
-    carry. ``params``, ``x``: a family case's stacked parameters and input (:func:`family_case`).
-    """
-    from jaxremat.memory import saved_activation_bytes
-    nbytes = lambda a: int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize  # noqa: E731
-    blocks = params if fam in FAMILIES else params["blocks"]
-    layer = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), blocks)
-    carry = x if fam in FAMILIES else jax.eval_shape(_gpt_carry(fam), params["rest"], x)
-    return {"weight": max(nbytes(a) for a in jax.tree_util.tree_leaves(layer)),
-            "residuals": saved_activation_bytes(lambda p, c: block_fn(p, c, None), layer, carry),
-            "carry": sum(nbytes(a) for a in jax.tree_util.tree_leaves(carry))}
-
-
-def _gpt_carry(fam: str):
-    from jaxremat.model import embed
-    from parity.inputs.presets import get_preset
-    cfg = get_preset(fam).config
-    return lambda rest, t: embed(rest, t[:, :-1], cfg)
-
-
 def rows(families: list[str], depths: list[int]) -> list[dict]:
     """One row per (family, N, schedule): temp MB of each rendering (None where it does not apply)."""
     out = []
@@ -145,13 +118,12 @@ def rows(families: list[str], depths: list[int]) -> list[dict]:
             mb = lambda key, p=params: temp_bytes(loss_of(fns[key]), p, x, argnums) / 1e6  # noqa: E731
             base = {k: mb(k) for k in ("scan", "scan+ckpt")}
             base["unrolled"] = mb("unrolled", family_case(fam, n, unrolled=True)[2])
-            bound = sum(fixed_bound_bytes(block_fn, params, x, fam).values()) / 1e6
             for s in SCHEDULES:
                 row = {"family": fam, "N": n, "schedule": s,
                        "reverse_loop": mb(("reverse_loop", s)), "checkpoint": mb(("checkpoint", s)),
                        "scan+ckpt": base["scan+ckpt"] if s == "full" else None,
                        "scan": base["scan"] if s == "none" else None,
-                       "unrolled": base["unrolled"] if s == "none" else None, "bound": bound}
+                       "unrolled": base["unrolled"] if s == "none" else None}
                 out.append(row)
                 print(_line(row), flush=True)
     return out
@@ -160,7 +132,7 @@ def rows(families: list[str], depths: list[int]) -> list[dict]:
 def _line(row: dict) -> str:
     cell = lambda v: f"{v:>10.2f}" if v is not None else f"{'':>10}"  # noqa: E731
     return (f"{row['family']:<13} {row['N']:>2} {row['schedule']:<11}"
-            + "".join(cell(row[k]) for k in ("reverse_loop", "checkpoint", "scan+ckpt", "scan", "unrolled", "bound")))
+            + "".join(cell(row[k]) for k in ("reverse_loop", "checkpoint", "scan+ckpt", "scan", "unrolled")))
 
 
 def _ints(text: str) -> list[int]:
@@ -178,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     print(f"{'family':<13} {'N':>2} {'schedule':<11}{'rev.loop':>10}{'checkpt':>10}{'scan+ckpt':>10}"
-          f"{'scan':>10}{'unrolled':>10}{'W+R+C':>10}   (compiled temp, MB)")
+          f"{'scan':>10}{'unrolled':>10}   (compiled temp, MB)")
     rows(args.families, args.depths)
     return 0
 
