@@ -55,7 +55,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend.core.primitives import remat_p
 
 from .same_program import batched_with, bind_eqn, opaque, round_saveable, unbatched
-from .slice_order import numeric_entries, alive, eval_slicing_late, take
+from .slice_order import alive, eval_slicing_late, numeric_entries, take
 
 __all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "differentiated_policy", "isolate", "predicate", "rebuild",
            "runs_once", "tie"]
