@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", default=",".join(PLANS), help="plans timed against none (none is always added)")
     ap.add_argument("--no-plain", action="store_true", help="leave out plain torch checkpoint references")
     ap.add_argument("--planner", action="store_true",
-                    help="time the budget plans only: " + ", ".join(BUDGET_PLANS) + " (the planner on FLOPs and on "
+                    help="time the budget plans only: " + ", ".join(BUDGET_PLANS).replace("%", "%%") + " (the planner on FLOPs and on "
                     "measured time, the best uniform plan on each), plain torch left out")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (>= 2)")
     ap.add_argument("--core", type=int, default=None, help="the core each worker is pinned to (default: the last)")
