@@ -54,7 +54,7 @@ from jax._src import core as jcore
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core.primitives import remat_p
 
-from .same_program import batched_with, bind_eqn, opaque, round_saveable, unbatched
+from .same_program import batched_with, bind_eqn, has_effects, hoist_constants, opaque, round_saveable, run_time, unbatched
 
 __all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild",
            "runs_once", "take", "tie"]
@@ -309,11 +309,6 @@ def _abstract(tree, drop_axis: bool):
     return _tree.tree_map(sds, tree)
 
 
-def _has_effects(eqn) -> bool:
-    benign = (jcore.NamedAxisEffect, jcore.InternalMutableArrayEffect)
-    return any(not isinstance(e, benign) for e in eqn.effects)
-
-
 def _inlined_call(eqn):
     """The ClosedJaxpr of a ``jit`` / closed call equation (inlined by the interpreter), else None."""
     if eqn.primitive.name in ("jit", "pjit"):
@@ -391,10 +386,12 @@ class LayerProgram:
         closed = jax.make_jaxpr(lambda *a: _eval(traced.jaxpr, traced.consts, a, round_saveable))(*flat)
         self.consts = list(closed.consts)
         full = pe.convert_constvars_jaxpr(closed.jaxpr)  # consts become leading inputs
+        full, self._cone = hoist_constants(full)  # values of constants alone: leading inputs before them
+        self.n_hoisted = len(full.invars) - len(closed.jaxpr.constvars) - len(closed.jaxpr.invars)
         c_out, y, kept = _tree.tree_unflatten(out_trees[0], list(range(len(full.outvars))))
         self.cy_tree, self.n_cy = _tree.tree_structure((c_out, y)), len(_tree.tree_leaves((c_out, y)))
-        n_p = len(_tree.tree_leaves(args[0]))
-        carry_vars = full.invars[len(self.consts) + n_p:len(self.consts) + n_p + len(_tree.tree_leaves(args[1]))]
+        n_p, n_0 = len(_tree.tree_leaves(args[0])), self.n_hoisted + len(self.consts)
+        carry_vars = full.invars[n_0 + n_p:n_0 + n_p + len(_tree.tree_leaves(args[1]))]
         self._split_kept(full, set(carry_vars))
         self.saved_vars: list = []
         if policy is not None:
@@ -404,7 +401,7 @@ class LayerProgram:
         """Residuals that depend on the carry stay outputs; the others get a program of their own."""
         reads_carry = set(carry_vars)
         for eqn in full.eqns:
-            if _has_effects(eqn) or any(isinstance(v, jcore.Var) and v in reads_carry for v in eqn.invars):
+            if has_effects(eqn) or any(isinstance(v, jcore.Var) and v in reads_carry for v in eqn.invars):
                 reads_carry.update(eqn.outvars)
         kept = full.outvars[self.n_cy:]
         self._stored = [k for k, v in enumerate(kept) if isinstance(v, jcore.Var) and v in reads_carry]
@@ -435,8 +432,16 @@ class LayerProgram:
         self.recompute_jaxpr, self.recompute_inputs = staged, list(used[n_res:])
         self.forward_jaxpr = known.replace(outvars=list(jaxpr.outvars) + self.saved_vars)
 
-    def _inputs(self, params, xs, consts, i, c) -> list:
-        return self.consts + _tree.tree_leaves((take(params, i), c, take(xs, i), consts))
+    def _inputs(self, params, xs, consts, i, c, hoisted) -> list:
+        return list(hoisted) + self.consts + _tree.tree_leaves((take(params, i), c, take(xs, i), consts))
+
+    def hoisted(self) -> list:
+        """The values the layer computes from constants alone (:func:`jaxremat.same_program.hoist_constants`)."""
+        return [] if self._cone is None else _eval(self._cone, [], [])
+
+    def _hoisted_operands(self, live) -> list:
+        """:meth:`hoisted` as run-time values, computed outside the layer's computation (its operands)."""
+        return run_time(self.hoisted(), _pred(self._pred(live))) if self.n_hoisted else []
 
     def _outputs(self, out):
         """``(carry, y, kept)`` from a flat output list (``kept``: the stored residuals)."""
@@ -447,7 +452,7 @@ class LayerProgram:
         """Every residual of layer ``i`` (the pullback's kept leaves): ``stored`` and those of its parameters."""
         if not self._from_params:
             return list(stored)
-        ins = self.consts + _tree.tree_leaves(take(params, i))
+        ins = self.hoisted() + self.consts + _tree.tree_leaves(take(params, i))
         n_c = len(self.jaxpr.invars) - len(ins) - len(_tree.tree_leaves((take(xs, i), consts)))
         ins = ins + [None] * n_c + _tree.tree_leaves((take(xs, i), consts))
         computed = iter(_eval(self._params_jaxpr, [], [a for a, u in zip(ins, self._params_inputs) if u]))
@@ -477,14 +482,15 @@ class LayerProgram:
         jaxpr = self.jaxpr if self.policy is None else self.forward_jaxpr
 
         def run(op, stacks=None):
-            params, xs, consts, i, c = op[:5]
-            out = _eval(jaxpr, [], self._inputs(params, xs, consts, i, batched_with(c, (params, xs, consts))))
-            c_out, y, kept = self._stacked(out, stacks, op[5])
+            params, xs, consts, i, c, j, hoisted = op
+            out = _eval(jaxpr, [], self._inputs(params, xs, consts, i, batched_with(c, (params, xs, consts)), hoisted))
+            c_out, y, kept = self._stacked(out, stacks, j)
             return (c_out, y, list(out[self.n_out:])), kept
+        op = (params, xs, consts, i, c, j, self._hoisted_operands(live))
         if stacks is None:
-            (c_out, y, saved), kept = isolate(run, (params, xs, consts, i, c, j), self._pred(live))
+            (c_out, y, saved), kept = isolate(run, op, self._pred(live))
         else:
-            (c_out, y, saved), kept = isolate(run, (params, xs, consts, i, c, j), self._pred(live), stacks)
+            (c_out, y, saved), kept = isolate(run, op, self._pred(live), stacks)
         return c_out, y, kept, saved
 
     def recompute(self, params, xs, consts, i, c, saved: list, live=None, stacks=None, j=None):
@@ -497,15 +503,15 @@ class LayerProgram:
             return self.forward(params, xs, consts, i, c, live, stacks, j)[:3]
 
         def run(op, stacks=None):
-            params, xs, consts, i, c, saved, j = op
+            params, xs, consts, i, c, saved, j, hoisted = op
             c = batched_with(c, (params, xs, consts, saved))
-            ins = [a for a, u in zip(self._inputs(params, xs, consts, i, c), self.recompute_inputs) if u]
+            ins = [a for a, u in zip(self._inputs(params, xs, consts, i, c, hoisted), self.recompute_inputs) if u]
             out = _eval(self.recompute_jaxpr, [], list(saved) + ins)
             if not self.carry_out:
                 out = [None] * self.n_cy + list(out)
             c_out, y, kept = self._stacked(out, stacks, j)
             return (c_out, y), kept
-        op = (params, xs, consts, i, c, saved, j)
+        op = (params, xs, consts, i, c, saved, j, self._hoisted_operands(live))
         (c_out, y), kept = (isolate(run, op, self._pred(live)) if stacks is None
                             else isolate(run, op, self._pred(live), stacks))
         return c_out, y, kept
