@@ -12,14 +12,10 @@ the reduced axis (8 lanes, two accumulators, then across lanes) where it summed 
 across rows (one row per lane, the 32 terms in order). The variance moved by an ULP, and every
 gradient with it (docs/framework-differences.md, section 2).
 
-So here a layer's forward pass is one XLA computation, a ``lax.cond`` branch (:func:`isolate`),
-called with the same operands and producing the same outputs wherever it runs: XLA fuses it
-among its own ops only, and the same program gives the same bits. Its outputs are all read
-(:func:`alive`), or XLA would drop the unused ones and compile a smaller branch. A computation
-that updates large buffers (a layer writing its residuals into their stacks, a layer's backward
-pass writing its gradients) is instead the body of a ``lax.while_loop`` that runs once, with the
-buffers as loop state: XLA updates a loop's state in place, where it copies every buffer a
-branch updates whole.
+So here a layer's forward pass is one XLA computation, a ``lax.cond`` branch or the body of a
+one-trip ``while`` loop (:func:`jaxremat.isolation.isolate`, re-exported here with the other names
+of :mod:`jaxremat.isolation`), called with the same operands and producing the same outputs
+wherever it runs: XLA fuses it among its own ops only, and the same program gives the same bits.
 
 A checkpointed segment with a ``jax.checkpoint`` policy keeps, per layer, the values the policy
 saves. :class:`LayerProgram` splits the layer's forward program with JAX's own partial evaluation
@@ -28,12 +24,14 @@ whole program and also outputs the saved values; the recompute runs the same pro
 saved values read instead of computed, and still produces every output (the carry included), so
 the values that are recomputed see the same fusions as in ``none``.
 
-Three more things keep the programs alike (:mod:`jaxremat.same_program`): a branch reads its
+Four more things keep the programs alike (:mod:`jaxremat.same_program`): a branch reads its
 operands through ``lax.optimization_barrier``, so that XLA cannot fold a stack input that is a
 constant of the program into ``none``'s first layer; under ``jax.vmap`` the predicates are never
 batched (a batched one makes ``lax.cond`` a ``select`` run inline) and every layer maps its carry
-whenever anything it reads is mapped; and narrow-float matrix products and names are read rounded
-in every pass, as a policy saves them.
+whenever anything it reads is mapped; narrow-float matrix products and names are read rounded
+in every pass, as a policy saves them; and what a layer computes from constants alone (a causal
+mask) is computed outside it and read as an operand, where XLA would hoist it out of a one-trip
+loop's body but not out of a branch (:func:`jaxremat.same_program.hoist_constants`).
 
 Source: ``jax.checkpoint`` policies and ``partial_eval_jaxpr_custom`` (``jax/_src/ad_checkpoint.py``,
 ``jax/_src/interpreters/partial_eval.py``); ``jax.lax.cond``, ``jax.lax.while_loop``.
@@ -42,146 +40,25 @@ Source: ``jax.checkpoint`` policies and ``partial_eval_jaxpr_custom`` (``jax/_sr
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Callable
 
 import jax
 import jax.extend
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax._src import core as jcore
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core.primitives import remat_p
 
-from .same_program import batched_with, bind_eqn, opaque, round_saveable, unbatched
-from .slice_order import alive, eval_slicing_late, numeric_entries, take
+from .isolation import ONCE_SCOPE, isolate, predicate, run_time_true, runs_once, tie
+from .same_program import batched_with, bind_eqn, has_effects, hoist_constants, round_saveable, run_time
+from .slice_order import alive, eval_slicing_late, take
 
-__all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "differentiated_policy", "isolate", "predicate", "rebuild",
-           "runs_once", "tie"]
+# isolation and slice_order names re-exported: docs and callers name them as jaxremat.layer_pass.*
+__all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild",
+           "runs_once", "take", "tie"]
 
 _tree = jax.tree_util
-
-
-def predicate(tree):
-    """A float32 scalar read from ``tree`` for :func:`isolate`'s predicate: its first numeric entry
-    that is traced (a ``jax.core.Tracer``), else its first numeric entry.
-
-    A traced value, because XLA folds a predicate computed from constants, and then inlines the
-    branch. Give values that are not batched under ``jax.vmap`` first (a stack's parameters): a
-    batched predicate turns ``lax.cond`` into a select that runs both branches.
-    """
-    leaves = [a for a in _tree.tree_leaves(tree) if numeric_entries([a])]
-    traced = [a for a in leaves if isinstance(a, jax.core.Tracer)]
-    entries = numeric_entries((traced or leaves)[:1])
-    return jnp.real(entries[0]).astype(jnp.float32) if entries else jnp.float32(0.0)
-
-
-def _pred(pred_value):
-    """``(bits(pred_value) >> 31) <= 0``: True for every value, unknown to XLA before run time.
-
-    Never batched under ``jax.vmap`` (:func:`jaxremat.same_program.unbatched`).
-    """
-    value = unbatched(lax.stop_gradient(jnp.asarray(pred_value, jnp.float32)))
-    return (lax.bitcast_convert_type(value, jnp.int32) >> 31) <= 0
-
-
-def _zeros_like_avals(out_avals, out_tree):
-    leaves = [jnp.zeros(a.shape, a.dtype) for a in out_avals]
-    leaves = [z if a.memory_space == jcore.MemorySpace.Device else jax.device_put(z, a.memory_space)
-              for z, a in zip(leaves, out_avals)]
-    return _tree.tree_unflatten(out_tree, leaves)
-
-
-def _numeric(avals) -> bool:
-    return all(jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_ for a in avals)
-
-
-def isolate(fn: Callable, operand, pred_value, buffers=None):
-    """``fn(operand)`` as an XLA computation of its own: a ``lax.cond`` branch XLA cannot inline.
-
-    XLA compiles a branch as a program fused among its own ops. The predicate,
-    ``(bits(pred_value) >> 31) <= 0`` (:func:`predicate`; an arithmetic shift of an int32 gives 0 or
-    -1), is True for every value, but XLA does not know it before run time, so the conditional
-    stays; the other branch returns zeros and never runs. Outputs of a non-numeric dtype (PRNG
-    keys) get ``fn`` in both branches instead. Op by op (``jax.disable_jit()``) nothing is fused and
-    ``fn`` runs as it is.
-
-    With ``buffers`` (large arrays the computation updates in place, such as a stack of residuals
-    it writes one slot of), ``fn(operand, buffers)`` returns ``(out, buffers)`` and the computation
-    is the body of a ``lax.while_loop`` that runs once (:func:`_loop_once`): a loop's state is
-    updated in place, where a conditional's outputs are new buffers and XLA copies every buffer
-    the branch updates whole.
-    """
-    if jax.config.jax_disable_jit:
-        return fn(operand) if buffers is None else fn(operand, buffers)
-    if buffers is not None:
-        return _loop_once(fn, operand, buffers, pred_value)
-    pred = _pred(pred_value)
-    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(operand)
-    out_avals, out_tree = closed.out_avals, jax.tree_util.tree_structure(shapes)
-    branch = lambda op: fn(opaque(op))  # noqa: E731
-    if not _numeric(out_avals):
-        return lax.cond(pred, branch, branch, operand)
-    return lax.cond(pred, branch, lambda _: _zeros_like_avals(out_avals, out_tree), operand)
-
-
-ONCE_SCOPE = "jaxremat_isolated_once"
-"""The ``jax.named_scope`` of :func:`_loop_once`'s ``while`` equation (:func:`runs_once` reads it)."""
-
-
-def runs_once(eqn) -> bool:
-    """Whether a jaxpr equation is the loop of :func:`isolate` with ``buffers``, which runs once.
-
-    Read from the equation's name stack (innermost scope :data:`ONCE_SCOPE`, under any
-    transformation), so that program walkers can count its body once where the trip count of a
-    ``while`` loop is not known from the program.
-    """
-    return eqn.primitive.name == "while" and re.search(
-        rf"(^|[/(]){ONCE_SCOPE}\)*$", str(eqn.source_info.name_stack)) is not None
-
-
-def _loop_once(fn: Callable, operand, buffers, pred_value):
-    """``fn(operand, buffers)`` as the body of a ``lax.while_loop`` of trip count one, unknown to XLA.
-
-    The loop runs while its counter is below ``int(pred)`` (:func:`_pred`: 1 at run time, which XLA
-    cannot prove, so its while-loop simplifier keeps the loop). Its state is ``operand`` (passed
-    through unchanged: no copy), ``buffers`` (updated in place), the outputs (zeros at entry) and
-    the counter. The body reads ``operand`` through ``lax.optimization_barrier`` together with the
-    counter, so XLA's loop-invariant code motion cannot hoist the computation out of the loop (where
-    it would be fused with what surrounds it).
-
-    JAX has no reverse mode for a ``while`` loop: differentiated (second order through the reverse
-    segment loop), the computation is the ``lax.cond`` of :func:`isolate` instead (a
-    ``jax.custom_jvp``), which the cost of a copy of ``buffers`` does not matter to.
-    """
-    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(operand, buffers)
-    out_tree = jax.tree_util.tree_structure(shapes[0])
-    out_avals = closed.out_avals[:out_tree.num_leaves]
-    pred = _pred(pred_value)
-    if not _numeric(out_avals):
-        return lax.cond(pred, fn, fn, operand, buffers)
-
-    def body(state):
-        op, bufs, _, n, bound = state
-        op_read, n_read = lax.optimization_barrier((op, n))
-        out, bufs = fn(op_read, bufs)
-        return op, bufs, out, n_read + 1, bound
-
-    @jax.custom_jvp
-    def once(operand, buffers, pred):
-        init = (operand, buffers, _zeros_like_avals(out_avals, out_tree), jnp.int32(0), pred.astype(jnp.int32))
-        with jax.named_scope(ONCE_SCOPE):
-            _, bufs, out, _, _ = lax.while_loop(lambda st: st[3] < st[4], body, init)
-        return out, bufs
-
-    @once.defjvp
-    def once_jvp(primals, tangents):
-        operand, buffers, pred = primals
-        zeros = lambda o, b: (_zeros_like_avals(out_avals, out_tree), b)  # noqa: E731
-        return jax.jvp(lambda o, b: lax.cond(pred, fn, zeros, o, b), primals[:2], tangents[:2])
-
-    return once(operand, buffers, pred)
 
 
 def differentiated_policy(fn: Callable, params, carry, xs, consts, policy: Callable) -> Callable:
@@ -252,35 +129,11 @@ def rebuild(meta: Pullback, kept: list, p, x, consts):
     return _tree.tree_unflatten(meta.treedef, [inputs[j] if s == "input" else kept[j] for s, j in meta.sources])
 
 
-def tie(tree, alive_value, last: bool = False):
-    """``tree`` with ``alive_value`` read into one entry of its first float leaf, bits unchanged.
-
-    The entry is the first one (the last one with ``last``).
-
-    Adds ``-0.0 * (alive_value != alive_value)``, which is -0.0 for every value (NaN included),
-    to one entry: ``x + -0.0 == x`` for every float ``x`` (signed zeros and NaN included). What
-    ``alive_value`` reads stays in the program as long as ``tree`` is needed.
-    """
-    leaves, treedef = _tree.tree_flatten(tree)
-    alive_value = unbatched(lax.stop_gradient(jnp.asarray(alive_value, jnp.float32)))
-    for j, a in enumerate(leaves):
-        if jnp.issubdtype(jnp.result_type(a), jnp.floating):
-            t = (np.float32(-0.0) * (alive_value != alive_value).astype(jnp.float32)).astype(a.dtype)
-            leaves[j] = a + t if jnp.ndim(a) == 0 else a.at[(-1 if last else 0,) * jnp.ndim(a)].add(t)
-            break
-    return _tree.tree_unflatten(treedef, leaves)
-
-
 def _abstract(tree, drop_axis: bool):
     def sds(a):
         shape = jnp.shape(a)[1:] if drop_axis else jnp.shape(a)
         return jax.ShapeDtypeStruct(shape, a.dtype if hasattr(a, "dtype") else jnp.result_type(a))
     return _tree.tree_map(sds, tree)
-
-
-def _has_effects(eqn) -> bool:
-    benign = (jcore.NamedAxisEffect, jcore.InternalMutableArrayEffect)
-    return any(not isinstance(e, benign) for e in eqn.effects)
 
 
 def _inlined_call(eqn):
@@ -360,10 +213,12 @@ class LayerProgram:
         closed = jax.make_jaxpr(lambda *a: _eval(traced.jaxpr, traced.consts, a, round_saveable))(*flat)
         self.consts = list(closed.consts)
         full = pe.convert_constvars_jaxpr(closed.jaxpr)  # consts become leading inputs
+        full, self._cone = hoist_constants(full)  # values of constants alone: leading inputs before them
+        self.n_hoisted = len(full.invars) - len(closed.jaxpr.constvars) - len(closed.jaxpr.invars)
         c_out, y, kept = _tree.tree_unflatten(out_trees[0], list(range(len(full.outvars))))
         self.cy_tree, self.n_cy = _tree.tree_structure((c_out, y)), len(_tree.tree_leaves((c_out, y)))
-        n_p = len(_tree.tree_leaves(args[0]))
-        carry_vars = full.invars[len(self.consts) + n_p:len(self.consts) + n_p + len(_tree.tree_leaves(args[1]))]
+        n_p, n_0 = len(_tree.tree_leaves(args[0])), self.n_hoisted + len(self.consts)
+        carry_vars = full.invars[n_0 + n_p:n_0 + n_p + len(_tree.tree_leaves(args[1]))]
         self._split_kept(full, set(carry_vars))
         self.saved_vars: list = []
         if policy is not None:
@@ -373,7 +228,7 @@ class LayerProgram:
         """Residuals that depend on the carry stay outputs; the others get a program of their own."""
         reads_carry = set(carry_vars)
         for eqn in full.eqns:
-            if _has_effects(eqn) or any(isinstance(v, jcore.Var) and v in reads_carry for v in eqn.invars):
+            if has_effects(eqn) or any(isinstance(v, jcore.Var) and v in reads_carry for v in eqn.invars):
                 reads_carry.update(eqn.outvars)
         kept = full.outvars[self.n_cy:]
         self._stored = [k for k, v in enumerate(kept) if isinstance(v, jcore.Var) and v in reads_carry]
@@ -404,8 +259,16 @@ class LayerProgram:
         self.recompute_jaxpr, self.recompute_inputs = staged, list(used[n_res:])
         self.forward_jaxpr = known.replace(outvars=list(jaxpr.outvars) + self.saved_vars)
 
-    def _inputs(self, params, xs, consts, i, c) -> list:
-        return self.consts + _tree.tree_leaves((take(params, i), c, take(xs, i), consts))
+    def _inputs(self, params, xs, consts, i, c, hoisted) -> list:
+        return list(hoisted) + self.consts + _tree.tree_leaves((take(params, i), c, take(xs, i), consts))
+
+    def hoisted(self) -> list:
+        """The values the layer computes from constants alone (:func:`jaxremat.same_program.hoist_constants`)."""
+        return [] if self._cone is None else _eval(self._cone, [], [])
+
+    def _hoisted_operands(self, live) -> list:
+        """:meth:`hoisted` as run-time values, computed outside the layer's computation (its operands)."""
+        return run_time(self.hoisted(), run_time_true(self._pred(live))) if self.n_hoisted else []
 
     def _outputs(self, out):
         """``(carry, y, kept)`` from a flat output list (``kept``: the stored residuals)."""
@@ -416,7 +279,7 @@ class LayerProgram:
         """Every residual of layer ``i`` (the pullback's kept leaves): ``stored`` and those of its parameters."""
         if not self._from_params:
             return list(stored)
-        ins = self.consts + _tree.tree_leaves(take(params, i))
+        ins = self.hoisted() + self.consts + _tree.tree_leaves(take(params, i))
         n_c = len(self.jaxpr.invars) - len(ins) - len(_tree.tree_leaves((take(xs, i), consts)))
         ins = ins + [None] * n_c + _tree.tree_leaves((take(xs, i), consts))
         computed = iter(_eval(self._params_jaxpr, [], [a for a, u in zip(ins, self._params_inputs) if u]))
@@ -446,20 +309,23 @@ class LayerProgram:
         jaxpr = self.jaxpr if self.policy is None else self.forward_jaxpr
 
         def run(op, stacks=None):
-            params, xs, consts, i, c = op[:5]
+            params, xs, consts, i, c, j, hoisted = op
             c = batched_with(c, (params, xs, consts))
             if self.policy is None:  # parameter slices taken as late as they are read (jaxremat.slice_order)
                 p_stacks = _tree.tree_leaves(params)
-                ins = self.consts + [None] * len(p_stacks) + _tree.tree_leaves((c, take(xs, i), consts))
-                out = eval_slicing_late(jaxpr, ins, {len(self.consts) + k: (a, i) for k, a in enumerate(p_stacks)})
+                ins = (list(hoisted) + self.consts + [None] * len(p_stacks)
+                       + _tree.tree_leaves((c, take(xs, i), consts)))
+                n_0 = len(hoisted) + len(self.consts)
+                out = eval_slicing_late(jaxpr, ins, {n_0 + k: (a, i) for k, a in enumerate(p_stacks)})
             else:
-                out = _eval(jaxpr, [], self._inputs(params, xs, consts, i, c))
-            c_out, y, kept = self._stacked(out, stacks, op[5])
+                out = _eval(jaxpr, [], self._inputs(params, xs, consts, i, c, hoisted))
+            c_out, y, kept = self._stacked(out, stacks, j)
             return (c_out, y, list(out[self.n_out:])), kept
+        op = (params, xs, consts, i, c, j, self._hoisted_operands(live))
         if stacks is None:
-            (c_out, y, saved), kept = isolate(run, (params, xs, consts, i, c, j), self._pred(live))
+            (c_out, y, saved), kept = isolate(run, op, self._pred(live))
         else:
-            (c_out, y, saved), kept = isolate(run, (params, xs, consts, i, c, j), self._pred(live), stacks)
+            (c_out, y, saved), kept = isolate(run, op, self._pred(live), stacks)
         return c_out, y, kept, saved
 
     def recompute(self, params, xs, consts, i, c, saved: list, live=None, stacks=None, j=None):
@@ -472,15 +338,15 @@ class LayerProgram:
             return self.forward(params, xs, consts, i, c, live, stacks, j)[:3]
 
         def run(op, stacks=None):
-            params, xs, consts, i, c, saved, j = op
+            params, xs, consts, i, c, saved, j, hoisted = op
             c = batched_with(c, (params, xs, consts, saved))
-            ins = [a for a, u in zip(self._inputs(params, xs, consts, i, c), self.recompute_inputs) if u]
+            ins = [a for a, u in zip(self._inputs(params, xs, consts, i, c, hoisted), self.recompute_inputs) if u]
             out = _eval(self.recompute_jaxpr, [], list(saved) + ins)
             if not self.carry_out:
                 out = [None] * self.n_cy + list(out)
             c_out, y, kept = self._stacked(out, stacks, j)
             return (c_out, y), kept
-        op = (params, xs, consts, i, c, saved, j)
+        op = (params, xs, consts, i, c, saved, j, self._hoisted_operands(live))
         (c_out, y), kept = (isolate(run, op, self._pred(live)) if stacks is None
                             else isolate(run, op, self._pred(live), stacks))
         return c_out, y, kept

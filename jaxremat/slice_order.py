@@ -62,7 +62,7 @@ def numeric_entries(tree) -> list:
 def alive(*trees, alive=None):
     """A float32 scalar, 0.0 or NaN, that reads one entry of every leaf of ``trees`` (and ``alive``).
 
-    Read into a value that is used (:func:`jaxremat.layer_pass.tie`), it keeps the outputs ``trees`` came from in the
+    Read into a value that is used (:func:`jaxremat.isolation.tie`), it keeps the outputs ``trees`` came from in the
     program though nothing else reads them, and it orders work: what reads the tied value cannot
     start before ``trees`` exist (a recompute waits for its cotangent).
     """

@@ -14,7 +14,8 @@ on an A100, seed 002 measured +11% to +22%. This benchmark measures, in one run:
   per block, ``use_reentrant=False``, torch's defaults), ``plain:full:no_early_stop`` (the same with early
   stop off, as torchref runs it), ``plain:sqrt`` (``checkpoint_sequential`` with sqrt's segment count) and
   ``plain:full+attention_only`` (torch's ``create_selective_checkpoint_contexts`` with a policy function
-  that saves the ops of the policy's regions, :func:`torchref.names.current_name`, and nothing else).
+  that saves the ops of the policy's regions, :func:`torchref.names.current_name`, and nothing else), and
+  ``plain:full+attention_only:no_early_stop`` (the same with early stop off, as torchref runs it).
 
 Each framework runs in its own process, pinned to one core (``os.sched_setaffinity``; torch with one
 intra-op and one inter-op thread, XLA:CPU without its Eigen thread pool). JAX steps are
@@ -60,9 +61,11 @@ PLANS = ("none", "full", "every_k(2)", "sqrt", "full+attention_only", "budget(50
 PLANNER_PAIRS = (("best_uniform(50%):time", "budget(50%):time"), ("best_uniform(50%)", "budget(50%):time"),
                  ("budget(50%)", "budget(50%):time"))
 """(reference, candidate): the time-cost plan paired directly with the uniform plans and the FLOPs plan."""
-TORCH_REFERENCES = ("plain:full", "plain:full:no_early_stop", "plain:sqrt", "plain:full+attention_only")
+TORCH_REFERENCES = ("plain:full", "plain:full:no_early_stop", "plain:sqrt", "plain:full+attention_only",
+                    "plain:full+attention_only:no_early_stop")
 REFERENCE_PAIRS = (("full", "plain:full"), ("full", "plain:full:no_early_stop"), ("sqrt", "plain:sqrt"),
-                   ("full+attention_only", "plain:full+attention_only"))
+                   ("full+attention_only", "plain:full+attention_only"),
+                   ("full+attention_only", "plain:full+attention_only:no_early_stop"))
 """(torchref plan, plain torch on the same blocks): torchref is held to at most 1.05x the plain call."""
 BOUND = 4 / 3
 FORWARD = "forward"
@@ -148,16 +151,18 @@ def _torch_steps(size: str, plans: list[str]) -> tuple[dict, dict]:
         def blocks(x):
             if kind == "plain:sqrt":
                 return checkpoint_sequential(list(model.blocks), n_sqrt, x, use_reentrant=False)
-            if kind == "plain:full+attention_only":
+            early_stop = not kind.endswith(":no_early_stop")
+            if kind.startswith("plain:full+attention_only"):
                 for b in model.blocks:
-                    x = checkpoint(b, x, use_reentrant=False,
+                    x = checkpoint(b, x, use_reentrant=False, early_stop=early_stop,
                                    context_fn=lambda: create_selective_checkpoint_contexts(sac_policy))
                 return x
             for b in model.blocks:
-                x = checkpoint(b, x, use_reentrant=False, early_stop=kind != "plain:full:no_early_stop")
+                x = checkpoint(b, x, use_reentrant=False, early_stop=early_stop)
             return x
 
         def step():
+            model.zero_grad(set_to_none=True)  # as torchref's steps: fresh gradients, none accumulated
             inputs, targets = split_tokens(tokens)
             with compute_context(cfg):
                 logits = model.head(blocks(model.embed(inputs)))
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", default=",".join(PLANS), help="plans timed against none (none is always added)")
     ap.add_argument("--no-plain", action="store_true", help="leave out plain torch checkpoint references")
     ap.add_argument("--planner", action="store_true",
-                    help="time the budget plans only: " + ", ".join(BUDGET_PLANS) + " (the planner on FLOPs and on "
+                    help="time the budget plans only: " + ", ".join(BUDGET_PLANS).replace("%", "%%") + " (the planner on FLOPs and on "
                     "measured time, the best uniform plan on each), plain torch left out")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (>= 2)")
     ap.add_argument("--core", type=int, default=None, help="the core each worker is pinned to (default: the last)")

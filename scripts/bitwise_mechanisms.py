@@ -17,10 +17,22 @@ bfloat16 and prints whether the optimized HLO still rounds the product to bfloat
 and the ULP against the same sum computed from the rounded product; then with the product read
 through ``lax.optimization_barrier`` (what jaxremat does, :func:`jaxremat.layer_pass.round_saveable`).
 
+``hoist``: a value computed from constants alone inside a layer, the causal mask ``iota >= iota`` of
+a masked softmax. The layer runs as a ``lax.cond`` branch (:func:`jaxremat.layer_pass.isolate`, as a
+checkpointed segment runs its forward pass) and as the body of a one-trip ``while`` loop (``isolate``
+with buffers, as ``none``'s forward pass runs it). XLA's loop-invariant code motion hoists the mask
+out of the loop, whose fusions read it from a buffer; the branch's fusions compute it inline, LLVM
+folds the ``select`` on the mask's all-True first column and contracts ``scores * scale - max`` there
+into one fused multiply-add (XLA:CPU compiles with ``fp-contract=fast``), where the loop rounds the
+product first. The script prints where each program computes the mask and the ULP between them;
+then with the mask computed outside the layer and read as an operand in both (what jaxremat does,
+:func:`jaxremat.same_program.hoist_constants`): bitwise.
+
 Usage::
 
     python scripts/bitwise_mechanisms.py fold [--width 12]
     python scripts/bitwise_mechanisms.py excess [--width 48]
+    python scripts/bitwise_mechanisms.py hoist [--width 4]   (--width: the sequence length T)
 """
 
 from __future__ import annotations
@@ -32,6 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from jaxremat.layer_pass import isolate
+from jaxremat.same_program import run_time
 
 
 def _ulp(a, b) -> int:
@@ -96,13 +111,53 @@ def excess(width: int) -> int:
     return 0
 
 
+def _masked_softmax(scores, mask):
+    x = jnp.where(mask, scores * np.float32(0.144337565), -jnp.inf)
+    e = jnp.exp(x - x.max(-1, keepdims=True))
+    return e * (1.0 / e.sum(-1, keepdims=True))
+
+
+def hoist(seq: int) -> int:
+    """Print where the mask is computed and the ULP between the branch and the loop, per rendering; 0."""
+    scores = jax.random.normal(jax.random.key(0), (64, 2, seq, seq)) * 3
+    causal = lambda: jnp.tril(jnp.ones((seq, seq), bool))  # noqa: E731
+    for outside in (False, True):
+        def layer(op, bufs=None, outside=outside):
+            s, mask = op
+            out = _masked_softmax(s, mask if outside else causal())
+            return out if bufs is None else (out, bufs)
+
+        def run(s, as_loop, outside=outside, layer=layer):
+            pred = s[0, 0, 0, 0]  # isolate's predicate value: True at run time, unknown to XLA
+            mask = run_time([causal()], lax.bitcast_convert_type(pred, jnp.int32) >> 31 <= 0)[0] if outside else None
+            return isolate(layer, (s, mask), pred, [jnp.zeros(())])[0] if as_loop else isolate(layer, (s, mask), pred)
+        branch, loop = (jax.jit(lambda s, as_loop=as_loop, run=run: run(s, as_loop)).lower(scores).compile()
+                        for as_loop in (False, True))
+        print(f"mask {'computed outside the layer, an operand' if outside else 'computed inside the layer'}: "
+              f"branch: {_where(branch.as_text(), seq)}; loop: {_where(loop.as_text(), seq)}; "
+              f"max ULP, branch vs loop: {_ulp(branch(scores), loop(scores))}")
+    return 0
+
+
+def _where(text: str, seq: int) -> str:
+    """``iota`` in a fusion beside the exponential (inline) or the mask read from a ``pred`` buffer."""
+    fusions = re.findall(r"\n(%fused_computation[^\n]*\{.*?\n\})", text, flags=re.S)
+    inline = any("iota(" in f and "exponential(" in f for f in fusions)
+    buffer = any(re.search(rf"pred\[{seq},{seq}\]\S* parameter", f) and "exponential(" in f for f in fusions)
+    return "mask inline in the softmax's fusion" if inline else (
+        "mask read from a buffer" if buffer else "mask not found")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mechanism", choices=("fold", "excess"))
-    ap.add_argument("--width", type=int, default=None, help="d_model (fold: 12, excess: 48)")
+    ap.add_argument("mechanism", choices=("fold", "excess", "hoist"))
+    ap.add_argument("--width", type=int, default=None,
+                    help="d_model (fold: 12, excess: 48); hoist: the sequence length (4)")
     args = ap.parse_args(argv)
     if args.mechanism == "fold":
         return fold(args.width or 12)
+    if args.mechanism == "hoist":
+        return hoist(args.width or 4)
     return excess(args.width or 48)
 
 

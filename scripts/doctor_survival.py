@@ -14,7 +14,7 @@ sits between the two groups.
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import jax
 import jax.numpy as jnp
@@ -77,9 +77,15 @@ def forms(L: int, B: int, D: int) -> dict:
     }
 
 
-def main(argv: list[str]) -> None:
-    for size in argv or ["4,16,64"]:
-        L, B, D = (int(v) for v in size.split(","))
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sizes", nargs="*", default=["4,16,64"], metavar="L,B,D",
+                    help="layers, batch and width of each stack measured (default: 4,16,64)")
+    for size in ap.parse_args(argv).sizes:
+        try:
+            L, B, D = (int(v) for v in size.split(","))
+        except ValueError:
+            ap.error(f"size {size!r}: write three integers L,B,D, e.g. 4,16,64")
         x = jax.ShapeDtypeStruct((B, D), jnp.float32)
         print(f"L={L} B={B} D={D} (backend {jax.default_backend()})")
         for name, (fn, params) in forms(L, B, D).items():
@@ -90,4 +96,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

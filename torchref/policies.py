@@ -212,6 +212,7 @@ class SelectiveCheckpoint:
             )
         self.record = record
         self.records: list[SavedRecord] = []
+        self._decisions: dict = {}  # (op, region) -> (save, offload, out= product name or None)
         self._offload_next = False
         self.start_lint()
 
@@ -249,11 +250,11 @@ class SelectiveCheckpoint:
         """Forget the records (call before a new forward pass)."""
         self.records.clear()
 
-    def _decide(self, op) -> tuple[bool, bool]:
-        """(save, offload) for one op in the current region."""
+    def _decide(self, op, name: str | None) -> tuple[bool, bool]:
+        """(save, offload) for one op in region ``name``."""
         if is_view_op(op):
             return False, False
-        p, name = self.policy, current_name()
+        p = self.policy
         if name in p.offload_names or (p.offload_dots == "no_batch" and op in DOTS_NO_BATCH):
             return True, True
         if name in p.save_names:
@@ -265,20 +266,28 @@ class SelectiveCheckpoint:
         return False, False
 
     def policy_fn(self, ctx, op, *args, **kwargs) -> CheckpointPolicy:
-        """The selective-checkpoint policy function (called once per op in the forward pass)."""
-        save, offload = self._decide(op)
-        if current_name() is not None:
-            self.lint_seen.add(current_name())
+        """The selective-checkpoint policy function (called once per op in the forward pass and the recompute).
+
+        The decision depends on the op and its region only, so it is computed once per (op, region) and kept:
+        this function runs for every op of every checkpointed block.
+        """
+        name = current_name()
+        hit = self._decisions.get((op, name))
+        if hit is None:
+            hit = self._decisions[(op, name)] = (*self._decide(op, name), str(op) if op in DOTS_OUT else None)
+        save, offload, out_dot = hit
+        if name is not None:
+            self.lint_seen.add(name)
         self.lint_saved += save
-        if op in DOTS_OUT:
-            self.lint_out_dots[str(op)] = self.lint_out_dots.get(str(op), 0) + 1
+        if out_dot is not None:
+            self.lint_out_dots[out_dot] = self.lint_out_dots.get(out_dot, 0) + 1
         if not save:
             return CheckpointPolicy.PREFER_RECOMPUTE
         self._offload_next = offload
         if self.record:
             outs = [t for t in torch.utils._pytree.tree_leaves(ctx.op_output) if isinstance(t, torch.Tensor)]
             self.records.append(SavedRecord(
-                name=current_name(), op=str(op), shapes=[tuple(t.shape) for t in outs],
+                name=name, op=str(op), shapes=[tuple(t.shape) for t in outs],
                 dtype=str(outs[0].dtype).removeprefix("torch.") if outs else "",
                 bytes=int(sum(t.nbytes for t in outs)), offloaded=offload,
             ))

@@ -256,7 +256,7 @@ def timed_choice(request: BudgetRequest, chain: dict, n: int, target: int, min_l
     :func:`candidate_plans` on the FLOPs ``chain``; every candidate of both kinds is timed in one interleaved run
     (``time_plans(plans) -> PlanTimes``, e.g. :func:`parity.cases.plan_timing.time_plans`; the same list of plans
     for both kinds, so a caller may time it once), the choice :func:`parity.cases.plan_timing.pick_cases`'s (the
-    least-FLOPs candidate unless another is faster in every paired round), the same rule for both kinds.
+    least-FLOPs candidate unless another is faster beyond the noise), the same rule for both kinds.
 
     Returns:
         ``(plan, predictions)``: the predictions of :func:`choose_plan` with ``choice_rule`` (``"fastest beyond

@@ -10,7 +10,9 @@ rotated), so that the ratio of two plans is the median of their per-round ratios
 :func:`pick` is the choice rule among candidates that fit, the same for the planner's case and the uniform case:
 the candidates in a fixed order, fewest recompute FLOPs first (then by name); the first is the incumbent, and a
 later candidate replaces the incumbent only when its paired ratio to it is below 1 in every round (the whole
-[min-max] below 1, over two rounds at least: :func:`beyond_noise`, a gain beyond the noise). Otherwise the order
+[min-max] below 1, over two rounds at least) and by more than its spread (:func:`beyond_noise`, a gain beyond the
+noise; the same test :func:`parity.cli.plan_choice.choose` applies to the planner's plan against the uniform
+plan). Otherwise the order
 decides. Rounds are aligned, so "faster in every round" is transitive: the plan picked is faster than the
 least-FLOPs candidate in every round, or is that candidate. :func:`pick_cases` applies the rule to both cases on
 one run's measurements: the uniform case's candidates first, then the planner's own candidates beside the uniform
@@ -92,9 +94,9 @@ def time_plans(framework: str, cfg, params, tokens, plans: Sequence, rounds: int
 
 
 REPLACED = "fastest beyond noise"
-""":attr:`TimedPick.rule` where a candidate replaced the least-FLOPs one (faster in every paired round)."""
+""":attr:`TimedPick.rule` where a candidate replaced the least-FLOPs one (:func:`beyond_noise`)."""
 KEPT = "noise: least FLOPs kept"
-""":attr:`TimedPick.rule` where no candidate was faster than the incumbent in every paired round."""
+""":attr:`TimedPick.rule` where no candidate was faster than the incumbent beyond the noise."""
 
 
 def spread_text(ratio: RatioSpread) -> str:
@@ -103,9 +105,11 @@ def spread_text(ratio: RatioSpread) -> str:
 
 
 def beyond_noise(ratio: RatioSpread) -> bool:
-    """A gain beyond the noise: the paired ratio's whole [min-max] below 1 (faster in every round), over two rounds
-    at least (one round has no spread to judge by)."""
-    return ratio.rounds >= 2 and ratio.high < 1
+    """A gain beyond the noise: the paired ratio's whole [min-max] below 1 (faster in every round, over two rounds
+    at least: one round has no spread to judge by) and not marked noise (its spread no wider than its distance
+    from 1, :attr:`parity.checks.timing.RatioSpread.noise`), so that no ratio a report shows as noise decides a
+    choice."""
+    return ratio.rounds >= 2 and ratio.high < 1 and not ratio.noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,10 +150,10 @@ def pick(times: PlanTimes, candidates: Sequence[tuple[str, float]]) -> TimedPick
     if incumbent != least:
         r = times.ratio(incumbent, least)
         return TimedPick(incumbent, REPLACED, f"{REPLACED}: {incumbent} {spread_text(r)} of the least-FLOPs candidate "
-                         f"{least}, faster in every one of {r.rounds} paired rounds", r)
+                         f"{least}, faster in every one of {r.rounds} paired rounds, beyond the noise", r)
     best = min(order[1:], key=lambda n: (times.ratio(n, least).median, n))
     r = times.ratio(best, least)
-    return TimedPick(least, KEPT, f"{KEPT}: {least}; no candidate of {len(order)} faster in every paired round "
+    return TimedPick(least, KEPT, f"{KEPT}: {least}; no candidate of {len(order)} faster beyond the noise "
                      f"(the least median, {best}: {spread_text(r)})", r)
 
 

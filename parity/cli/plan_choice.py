@@ -5,7 +5,8 @@ uniform one. :func:`paired_times` times their training steps against each other,
 (:func:`parity.cases.plan_timing.time_plans`, :data:`PAIR_ROUNDS` rounds), so that their ratio carries its
 real spread. :func:`choose` says which to use: the planner's plan (the least cost of its model over a
 space holding every uniform plan), unless its case failed, or the paired step times say, beyond
-their noise, that the uniform plan is faster. A time ratio marked noise
+their noise, that the uniform plan is faster: slower in every paired round and by more than the spread, the
+test candidates are picked by (:func:`parity.cases.plan_timing.beyond_noise`, mirrored). A time ratio marked noise
 (:attr:`parity.checks.timing.RatioSpread.noise`) never decides: the choice then follows the model.
 """
 
@@ -71,7 +72,7 @@ def choose(row: dict) -> tuple[str, str]:
         return "planner", f"no paired step times; by the {cost} model"
     if t.noise:
         return "planner", f"paired time/uniform {t.text(3)}: noise decides nothing; by the {cost} model"
-    if t.median > 1:
+    if t.rounds >= 2 and t.low > 1:  # not noise and above 1: beyond_noise(uniform / planner)
         return "uniform", f"measured slower than the uniform plan (paired): {t.text(3)}"
     return "planner", f"measured no slower than the uniform plan (paired): {t.text(3)}"
 
@@ -191,6 +192,6 @@ def candidates_markdown(rows: list[dict]) -> list[str]:
             f"steps timed interleaved over {', '.join(map(str, sorted(rounds)))} rounds (process CPU time; load "
             f"{loads[0] if loads else '-'}-{loads[-1] if loads else '-'}); `vs least FLOPs`: the median of "
             "per-round ratios to the candidate of fewest recompute FLOPs, [min-max]. That candidate is kept unless "
-            "another is faster in every paired round, the whole [min-max] below 1 "
+            "another is faster in every paired round, the whole [min-max] below 1, and by more than its spread "
             "(`parity.cases.plan_timing.pick_cases`, one rule for both cases: `fastest beyond noise`, else `noise: least FLOPs kept`); the planner's "
             "case picks among its own candidates and the uniform case's pick.", "", md_table(CANDIDATE_COLUMNS, table)]

@@ -31,6 +31,8 @@ def test_a_measured_slowdown_beyond_the_noise_chooses_the_uniform_plan():
     who, why = choose(_row((0.80, 0.78, 0.83)))
     assert who == "planner" and why.startswith("measured no slower")
     assert choose(_row(same=True)) == ("planner", "the same plan as the uniform one")
+    # slower in every round, by less than the spread: marked noise, so it decides nothing
+    assert choose(_row((1.05, 1.01, 1.20)))[0] == "planner"
 
 
 def test_a_failed_case_is_never_chosen():

@@ -19,11 +19,19 @@ def test_a_candidate_replaces_the_least_flops_one_only_when_faster_in_every_roun
     r = t.ratio("fast", "least")  # paired round by round: 0.80, 0.782, 0.811, 0.81
     assert (got.plan, got.rule) == ("fast", REPLACED) and got.ratio == r and beyond_noise(r)
     assert got.reason == ("fastest beyond noise: fast 0.805x [0.782-0.811] of the least-FLOPs candidate least, "
-                          "faster in every one of 4 paired rounds")
+                          "faster in every one of 4 paired rounds, beyond the noise")
     # "maybe" has the least median (0.70x) but one round slower (0.95/0.9): within the noise, so the order decides
     got = pick(t, [("least", 10.0), ("maybe", 20.0), ("slow", 30.0)])
     assert (got.plan, got.rule, got.ratio.median) == ("least", KEPT, pytest.approx(0.7))
-    assert got.reason.startswith("noise: least FLOPs kept: least; no candidate of 3 faster in every paired round")
+    assert got.reason.startswith("noise: least FLOPs kept: least; no candidate of 3 faster beyond the noise")
+
+
+def test_a_gain_in_every_round_that_the_reports_mark_noise_decides_nothing():
+    t = PlanTimes({"least": (1.0, 1.0, 1.0, 1.0), "thin": (0.99, 0.90, 0.95, 0.96)})  # 0.955x [0.90-0.99]
+    r = t.ratio("thin", "least")
+    assert r.high < 1 and r.noise and not beyond_noise(r)  # faster in every round, by less than its spread
+    assert (pick(t, [("least", 1.0), ("thin", 2.0)]).plan, pick(t, [("least", 1.0), ("thin", 2.0)]).rule) == \
+        ("least", KEPT)
 
 
 def test_the_fixed_order_is_fewest_flops_then_name_and_replacement_is_transitive():

@@ -72,6 +72,12 @@ def test_bench_summarize_pairs_rounds_with_none_and_plain_torch():
     assert MEASURE_COMMAND.split()[-1] == "scripts/bench_overhead.py" and (ROOT / MEASURE_COMMAND.split()[-1]).is_file()
 
 
+def test_bench_help_prints(capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench().main(["--help"])
+    assert e.value.code == 0 and "--planner" in capsys.readouterr().out
+
+
 def test_bench_refuses_unknown_size(capsys):
     assert _bench().main(["--sizes", "huge"]) == 2
     assert "unknown ['huge']" in capsys.readouterr().err
