@@ -78,3 +78,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("jaxremat_slow"):
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------- per-test CPU profile (opt-in)
+# JAXREMAT_TEST_CPU_PROFILE=DIR writes one line per test phase (setup, call, teardown) to
+# DIR/<worker>.tsv: the nodeid, the phase, CPU seconds (user+sys of the process and of the children
+# it waited for) and the wall-clock start and end, to find the tests that cost the most CPU.
+_CPU_PROFILE = os.environ.get("JAXREMAT_TEST_CPU_PROFILE")
+if _CPU_PROFILE:
+    import resource
+    import time
+
+    def _cpu_s() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    def _profile(item, phase):
+        cpu0, t0 = _cpu_s(), time.time()
+        yield
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        os.makedirs(_CPU_PROFILE, exist_ok=True)
+        with open(os.path.join(_CPU_PROFILE, f"{worker}.tsv"), "a") as f:
+            f.write(f"{item.nodeid}\t{phase}\t{_cpu_s() - cpu0:.3f}\t{t0:.3f}\t{time.time():.3f}\n")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(item):
+        yield from _profile(item, "setup")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(item):
+        yield from _profile(item, "call")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(item):
+        yield from _profile(item, "teardown")

@@ -26,8 +26,10 @@ from jaxremat.memory import saved_residuals
 N, B, T, D = 5, 2, 8, 16
 CARRY_BYTES = B * T * D * 4
 RATE = 0.2
-X = jax.random.normal(jax.random.key(1), (B, T, D))
-W = jax.random.normal(jax.random.key(2), (B, T, D))  # loss = sum(y * W): its gradient keeps no activation
+# X, W (loss = sum(y * W): its gradient keeps no activation) and the stacks, set by ``_module_arrays``
+# when the module's first test runs, not at import: every xdist worker imports (collects) every test
+# module, and building the stacks op by op costs ~7 s of compiles.
+X = W = STACKS = GRAPHDEF = PARAMS = REST = None
 SAVE_DOTS = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
@@ -72,8 +74,14 @@ def _loss(schedule, policy, graphdef=None):
     return loss
 
 
-STACKS = {n: nnx.split(make_stack(n=n), nnx.Param, ...) for n in (3, N)}  # n -> (graphdef, params, rest)
-GRAPHDEF, PARAMS, REST = STACKS[N]
+@pytest.fixture(scope="module", autouse=True)
+def _module_arrays():
+    """X, W and the stacks of 3 and N layers (the comment at the top of the module)."""
+    global X, W, STACKS, GRAPHDEF, PARAMS, REST
+    X = jax.random.normal(jax.random.key(1), (B, T, D))
+    W = jax.random.normal(jax.random.key(2), (B, T, D))
+    STACKS = {n: nnx.split(make_stack(n=n), nnx.Param, ...) for n in (3, N)}  # n -> (graphdef, params, rest)
+    GRAPHDEF, PARAMS, REST = STACKS[N]
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,9 +18,10 @@ from jaxremat.memory import saved_residuals
 
 N, B, T, D = 4, 2, 8, 16
 CARRY_BYTES = B * T * D * 4
-X = jax.random.normal(jax.random.key(1), (B, T, D))
-W = jax.random.normal(jax.random.key(2), (B, T, D))
-KEY = jax.random.key(3)
+# The module's arrays and stacked variables, set by ``_module_arrays`` when the module's first test runs,
+# not at import: every xdist worker imports (collects) every test module, and initializing the stacks
+# op by op costs ~9 s of compiles.
+X = W = KEY = VARIABLES = BN_VARS = None
 
 
 class Mixer(nn.Module):
@@ -37,7 +38,6 @@ class Mixer(nn.Module):
 
 
 BLOCK = Mixer()
-VARIABLES = linen_init_stack(BLOCK, jax.random.key(0), X, N)
 
 
 def plain_loop(variables, x):
@@ -142,7 +142,17 @@ class BNBlock(nn.Module):
 
 
 BN = BNBlock()
-BN_VARS = linen_init_stack(BN, jax.random.key(4), X, N)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_arrays():
+    """X, W, KEY and the stacked variables of BLOCK and BN (the comment at the top of the module)."""
+    global X, W, KEY, VARIABLES, BN_VARS
+    X = jax.random.normal(jax.random.key(1), (B, T, D))
+    W = jax.random.normal(jax.random.key(2), (B, T, D))
+    KEY = jax.random.key(3)
+    VARIABLES = linen_init_stack(BLOCK, jax.random.key(0), X, N)
+    BN_VARS = linen_init_stack(BN, jax.random.key(4), X, N)
 
 
 def _bn_loop(params, stats, x):
