@@ -26,7 +26,7 @@ from parity.checks.predictions import GAP_LIMIT
 from parity.report.files import NONFINITE_ENCODING, atomic_write, json_text
 from parity.report.format import fmt_bit, fmt_bytes, fmt_gap, fmt_range, fmt_ratio, fmt_time_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
-from parity.report.terminal import fitted_table, terminal_console
+from parity.report.terminal import fitted_table, name_table, terminal_console
 
 from parity.checks.verdict import report_passed
 from parity.report import distributed_report
@@ -351,9 +351,11 @@ def print_tables(report: dict, console: Console | None = None, wide: bool = Fals
         distributed_report.print_mesh_tables(report, console, wide)
         return
     columns = case_columns(report) if wide else terminal_columns(report)
-    console.print(fitted_table(f"parity: {report['model']} ({report['suite']} suite)", [c.header for c in columns],
-                               ([col.cell(c) for col in columns] for c in report["cases"]),
-                               left=[c.left for c in columns], styles=[_STYLE.get(c["status"]) for c in report["cases"]]))
+    headers = [c.header for c in columns]
+    console.print(name_table(console, f"parity: {report['model']} ({report['suite']} suite)", headers,
+                             [[col.cell(c) for col in columns] for c in report["cases"]],
+                             [i for i, h in enumerate(headers) if h == "plan"],  # broken after + or , only
+                             left=[c.left for c in columns], styles=[_STYLE.get(c["status"]) for c in report["cases"]]))
     if not wide:
         console.print(Text("every column: --wide, report.md and report.html"))
     if report.get("distributed"):

@@ -4,8 +4,9 @@ Every command prints its tables through :func:`terminal_console` and :func:`fitt
 the terminal's, else ``COLUMNS``, else :data:`DEFAULT_WIDTH` (a pipe or a CI log); ``--wide`` prints at
 :data:`WIDE_WIDTH` at least, for the tables that then show every column. A cell too long for its
 column folds onto the next line; a header is never cut (:data:`HEADER_OVERFLOW`). Plan names are never cut
-mid-word: :func:`name_table` breaks them only after a ``+`` or a ``,`` (:func:`break_name`), at the widest line
-that keeps every piece whole within the width. report.md, report.json and report.html keep every column whatever
+mid-word: :func:`name_table` breaks them only after a ``+`` or a ``,`` (:func:`break_name`), at the line width
+that keeps every word whole within the terminal's width and folds the fewest lines (the case table of ``run`` and
+the plan table alike). report.md, report.json and report.html keep every column whatever
 the terminal.
 """
 
@@ -85,8 +86,9 @@ def break_name(name: str, width: int) -> str:
 def name_table(console: Console, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
                name_columns: Sequence[int], **kw) -> Table:
     """:func:`fitted_table` whose ``name_columns`` hold plan names, broken by :func:`break_name` and of a fixed
-    width: the widest with which the table, printed at ``console``'s width, cuts no word of any cell or header
-    (else the width of the longest piece, and the terminal folds what it must)."""
+    width: of the widths with which the table, printed at ``console``'s width, cuts no word of any cell or header,
+    the one that prints the fewest lines, the widest of those (else the width of the longest piece, and the
+    terminal folds what it must)."""
     names = {row[i] for row in rows for i in name_columns}
     floor = max((len(p) for n in names for p in name_pieces(n)), default=1)
     words = {w for h in headers for w in h.split()} | {w for row in rows for i, c in enumerate(row)
@@ -97,15 +99,19 @@ def name_table(console: Console, title: str, headers: Sequence[str], rows: Seque
         whole = words | {line for row in broken for i in name_columns for line in row[i].split("\n")}
         return fitted_table(title, headers, broken, widths={i: width for i in name_columns}, **kw), whole
 
-    def uncut(width: int) -> bool:
+    def printed(width: int) -> tuple[bool, int]:
+        """(no word cut, lines printed) at name width ``width``."""
         t, whole = table(width)
         probe = Console(width=console.width, file=io.StringIO(), highlight=False, color_system=None)
         probe.print(t)
-        return whole <= set(probe.file.getvalue().split())
+        out = probe.file.getvalue()
+        return whole <= set(out.split()), out.count("\n")
 
     lo, hi = floor, max((len(n) for n in names), default=floor)
-    if not uncut(lo):
-        return table(lo)[0]
+    fits = [(lines, -w) for w in range(lo, hi + 1) for ok, lines in [printed(w)] if ok]
+    # the width that cuts nothing and folds the fewest lines (narrower names leave the other columns more room);
+    # of equals, the widest
+    return table(-min(fits)[1] if fits else lo)[0]
     while lo < hi:  # the widest width that cuts nothing (narrower names leave the other columns more room)
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if uncut(mid) else (lo, mid - 1)

@@ -73,6 +73,17 @@ def test_plan_names_are_broken_only_after_plus_or_comma_and_the_choice_is_said(m
     assert cells and all(c in table.split() for c in cells) and "[" not in table, cells
 
 
+@pytest.mark.parametrize("columns", [100, 80])
+def test_run_table_breaks_plan_names_after_plus_or_comma_only(monkeypatch, columns):
+    long = "plan(1+save_dots,1+save_nothing,2:store)"  # rich folded it mid-word: "...,2:s" / "tore)"
+    cases = [dict(c, plan=long) if c["plan"] != "none" else c for c in RUN["cases"]]
+    text = "\n".join(lines := _printed(monkeypatch, columns, lambda c: print_tables({**RUN, "cases": cases}, c)))
+    assert max(len(x) for x in lines) <= columns
+    table = text[:text.index("every column")]  # the lines under it name plans whole
+    words = table.split()
+    assert all(any(piece in w for w in words) for piece in terminal.name_pieces(long))  # not "2:s" then "tore)"
+
+
 def test_break_name_breaks_after_plus_or_comma_only():
     name = "plan(1+save_nothing,2*2+save_qkv_proj,1:store)"
     assert terminal.name_pieces(name) == ["plan(1+", "save_nothing,", "2*2+", "save_qkv_proj,", "1:store)"]
