@@ -33,6 +33,9 @@ A budget plan is resolved when its case runs, once ``none`` has been measured:
    than the offset, else for the target lowered by the overshoot, up to :data:`MAX_ATTEMPTS` times. Every attempt
    is recorded in the case (``budget_attempts``); the case reports the last one, and a measured
    peak over budget is the status ``over_budget``, a failure.
+4. when no plan is predicted to fit the first target, the plan of least predicted peak runs: it is the case's
+   plan when its measurement is within the budget, else :class:`jaxremat.spec.planner.NoPlanFits` names its
+   measured peak as the least reachable (``none``'s offset need not hold for a plan that keeps little).
 
 A family without a per-tensor account (the BERT encoder) has a chain of its stack only
 (``fixed_bytes`` 0): the prediction it reports is the chain's plus ``none``'s offset
@@ -285,6 +288,40 @@ def timed_choice(request: BudgetRequest, chain: dict, n: int, target: int, min_l
                   "candidates": rows, "timing": {"rounds": timing.rounds, "load_1min": list(timing.load_1min)}}
 
 
+def _least_peak(request: BudgetRequest, chain: dict, n: int, exc: NoPlanFits, min_len: int,
+                cost: str) -> tuple[RematPlan, dict]:
+    """The plan of least predicted peak of ``request``'s kind (the planner's space, or the uniform plans), and its
+    predictions: what a budget no plan is predicted to fit runs to find out whether the measurement fits."""
+    if request.kind == "budget":
+        try:
+            return _planned(chain, exc.min_peak_bytes, min_len, cost)
+        except NoPlanFits:  # the quantised search may miss the exact least peak: take the least plan as it is
+            plan = RematPlan(exc.min_peak_plan)
+            segs = [(s.length, (s.policy or plan.policy).name if s.checkpointed else "store") for s in plan.segments_for(n)]
+            peak, flops, saved = chain_costs(chain["options_per_block"], segs, chain["boundary_bytes"],
+                                             chain["invariant_bytes"])
+            return plan, {"predicted_peak_activation_bytes": peak + chain["fixed_bytes"],
+                          "predicted_stack_saved_bytes": saved, "recompute_flops": flops,
+                          "predicted_stack_step_time_s": chain_time_s(chain["options_per_block"], segs)
+                          if cost == "time" else None}
+    fits = _uniform_fits(chain, n, 1 << 62, min_len, cost)
+    return min(fits, key=lambda f: (f[1]["predicted_peak_activation_bytes"], f[1]["recompute_flops"]))
+
+
+def _no_fit(request: BudgetRequest, budget: int, measured_none: int, offset: int, plan: RematPlan, pred: dict,
+            measured: int | None) -> NoPlanFits:
+    """The error of a budget below what the least-peak plan measured (or was predicted to need, unmeasured)."""
+    need = measured if measured is not None else pred["predicted_peak_activation_bytes"] + offset
+    how = (f"measured {measured} bytes (predicted {pred['predicted_peak_activation_bytes']})" if measured is not None
+           else f"predicted to need about {need} bytes (unmeasured)")
+    return NoPlanFits(budget, need, plan, (
+        f"{request.name}: no plan fits: the budget is {budget} bytes"
+        + (f" ({request.budget.text} of none's measured peak activation, {measured_none} bytes)"
+           if request.budget.fraction is not None else "")
+        + f"; the plan of least predicted peak, {plan.name}, {how}: the least reachable is {need} bytes, "
+        f"{100 * need / measured_none:.0f}% of none's; raise the budget to that, or shrink the batch or the sequence"))
+
+
 def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, ref, run: Callable[[RematPlan], object],
             *, policies=None, predicted_none: int | None = None, min_checkpoint_length: int = 1,
             cost: str = "flops", time_plans: Callable[[list], PlanTimes] | None = None) -> Resolution:
@@ -337,16 +374,17 @@ def resolve(request: BudgetRequest, framework: str, cfg, batch: int, seq: int, r
                           else choose_plan(request, chain, n, target, min_checkpoint_length, cost))
         except NoPlanFits as exc:
             if not attempts:
-                need = exc.min_peak_bytes + offset
-                raise NoPlanFits(budget, need, exc.min_peak_plan,
-                                 f"{request.name}: no plan fits: the budget is {budget} bytes"
-                                 + (f" ({request.budget.text} of none's measured peak activation, {measured_none} bytes)"
-                                    if request.budget.fraction is not None else "")
-                                 + f"; the smallest predicted peak activation of the planner's space is "
-                                 f"{exc.min_peak_bytes} bytes ({exc.min_peak_plan.name}), plus {offset} bytes by which "
-                                 f"none's measurement exceeds the model: about {need} bytes"
-                                 + (f", {100 * need / measured_none:.0f}% of none's" if measured_none else "")
-                                 + "; raise the budget to that, or shrink the batch or the sequence") from None
+                plan, pred = _least_peak(request, chain, n, exc, min_checkpoint_length, cost)
+                res = run(plan)
+                measured = res.memory.peak_activation_bytes
+                if measured is None or measured > budget:
+                    raise _no_fit(request, budget, measured_none, offset, plan, pred, measured) from None
+                last = (plan, res)
+                attempts.append({"plan": plan.name, "target_bytes": int(target), **pred,
+                                 "measured_peak_activation_bytes": measured, "within_budget": True,
+                                 "note": "no plan was predicted to fit the budget less none's offset; the plan of "
+                                         "least predicted peak ran and measured within the budget"})
+                break
             attempts[-1]["next"] = f"no plan is predicted to fit the lowered target: {exc}"
             break
         if last is not None and plan.name == last[0].name:

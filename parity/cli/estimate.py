@@ -213,10 +213,15 @@ def markdown(report: dict) -> str:
 
 
 def _terminal_checks(checks: list[dict]) -> str:
-    out = ["check: the step's peak estimated, then measured on the step run for real (bytes)"]
+    """The ``--check`` rows on the terminal: a header, a row per plan (bytes exact), then what each framework compared."""
+    width = max([len("plan")] + [len(c["plan"]) for c in checks])
+    out = ["check: the step's peak estimated, then measured on the step run for real (bytes)",
+           f"{'fw':<6} {'plan':<{width}} {'estimate':>14} {'real':>14} {'difference':>10}  ok"]
     for c in checks:
-        out.append(f"{c['framework']:<6} {c['plan'][:30]:<30} {c['estimated_peak_bytes']:>14} {c['measured_peak_bytes']:>14} "
-                   f"{c['difference_bytes']:>+10} {'ok' if c['within_margin'] else 'OVER MARGIN'}")
+        out.append(f"{c['framework']:<6} {c['plan']:<{width}} {c['estimated_peak_bytes']:>14} "
+                   f"{c['measured_peak_bytes']:>14} {c['difference_bytes']:>+10}  "
+                   f"{'yes' if c['within_margin'] else 'OVER MARGIN'}")
+    out += [f"{fw}: {what}" for fw, what in dict.fromkeys((c["framework"], c["what"]) for c in checks)]
     return "\n".join(out)
 
 

@@ -28,16 +28,11 @@ from __future__ import annotations
 # answer fast.
 
 import dataclasses
-import re
-
-from rich.console import Console
-from rich.text import Text
 
 from jaxremat.models import get_model
 from jaxremat.spec.planner import COSTS, parse_budget
 
 from parity.cases.suite import SuiteConfig, run_suite
-from parity.checks.timing import MEASURE_COMMAND
 from parity.checks.verdict import report_passed
 from parity.cli import checks as cc
 from parity.cli.budget import check_fits, run_estimate
@@ -49,17 +44,14 @@ from parity.inputs.presets import PRESETS, get_preset
 from parity.inputs.pretrained import preset_inputs
 from parity.report.environment import environment_info
 from parity.report.files import atomic_write, json_text
-from parity.report.format import fmt_bit, fmt_bytes, fmt_ratio, fmt_time_ratio, md_table
 from parity.report.html import HTML_NAME, write_html
-from parity.report.terminal import fitted_table, name_table, terminal_console
-from parity.report.suite_report import markdown as suite_markdown
+from parity.report.plan_report import markdown, no_fit, passed_line, print_summary
+from parity.report.terminal import terminal_console
 from parity.runners.framework import FRAMEWORK_NAMES, FRAMEWORKS, get_framework
 
 PLAN_FILES = ("plan.json", "plan.md", "frontier.png", HTML_NAME)
 TIMED_FAMILIES = ("gpt",)
 """Model families whose block options the frameworks time (``planner_chain(..., cost="time")``)."""
-KINDS_WHO = ("planner", "uniform")
-"""A plan row's two cases, the planner's plan and the uniform plan (:func:`plan_rows`)."""
 KINDS = ("budget", "best_uniform")
 """The two cases of each budget: the planner's plan, the best uniform plan (:mod:`parity.cases.budget_plan`)."""
 DEFAULT_FRONTIER = tuple(f"{p}%" for p in range(10, 101, 10))
@@ -195,14 +187,6 @@ def _candidates(case: dict) -> dict:
             "candidate_timing": last.get("timing")}
 
 
-NO_FIT = "NoPlanFits"
-
-
-def no_fit(case: dict) -> bool:
-    """A budget case that no plan of the space is predicted to fit (its error says what would)."""
-    return case["status"] == "error" and (case.get("error") or "").startswith(NO_FIT)
-
-
 def plan_passed(report: dict, frontier: bool) -> bool:
     """Every case passed; on the frontier a budget that no plan fits is reported, not failed (a budget
     asked for by itself, ``--budget 10%``, that nothing fits is a failure)."""
@@ -212,129 +196,6 @@ def plan_passed(report: dict, frontier: bool) -> bool:
     kept = {**report, "cases": [c for c in report["cases"] if c["plan"] not in skip],
             "cross_framework": [x for x in report["cross_framework"] if x["plan"] not in skip]}
     return report_passed(kept)
-
-
-def _short_error(error) -> str:
-    """A budget no plan fits, in a few words (the case's error has the whole sentence)."""
-    m = re.search(r"about (\d+) bytes, (\d+)% of none's", error or "")
-    if error and error.startswith(NO_FIT) and m:
-        return f"no plan fits: the least is about {fmt_bytes(int(m.group(1)))} ({m.group(2)}% of none's)"
-    return error or "-"
-
-
-def _mflop(n) -> str:
-    return "-" if n is None else f"{n / 1e6:.1f} M"
-
-
-COLUMNS = ("framework", "budget", "budget bytes", "cost", "who", "plan", "status", "grads bitwise", "peak act pred",
-           "peak act", "within", "recompute FLOPs", "stack ms pred", "time/none", "chosen", "tries")
-
-
-TIME_NOTE = f"step times here are a few steps, not interleaved; measure the overhead with `{MEASURE_COMMAND}`"
-
-
-def table_rows(rows: list[dict]) -> list[list[str]]:
-    out = []
-    for r in rows:
-        for who in KINDS_WHO:
-            c = r[who]
-            if c is None:
-                continue
-            pred_s = c.get("predicted_step_time_s")
-            out.append([r["framework"], r["budget"], fmt_bytes(r["budget_bytes"]), r.get("cost") or "-", who,
-                        c["plan"] or _short_error(c["error"]), c["status"], fmt_bit(c["grads_bitwise_equal"]),
-                        fmt_bytes(c["predicted_peak_activation_bytes"]), fmt_bytes(c["peak_activation_bytes"]),
-                        fmt_bit(c["within_budget"]), _mflop(c["recompute_flops"]),
-                        "-" if pred_s is None else f"{1e3 * pred_s:.1f}",
-                        fmt_time_ratio(c["time_overhead"], c.get("time_overhead_range")),
-                        "yes" if r.get("choice") == who else "", str(c["attempts"])])
-    return out
-
-
-def _grads(check: dict | None) -> str:
-    """A gradient check against eager none: bitwise, ok (within its bound), WRONG, or - (not run)."""
-    if not check or check.get("grads_ok") is None:
-        return "-"
-    if check.get("grads_bitwise_equal"):
-        return "bitwise"
-    return f"ok (<= {check['grads_rel_bound']:g})" if check["grads_ok"] else "WRONG"
-
-
-def compiled_rows(points: list[dict]) -> list[list[str]]:
-    return [[f"{p['activation_memory_budget']:g}", p.get("backend", "-"), fmt_bytes(p.get("saved_bytes")),
-             fmt_bytes(p.get("peak_activation_bytes")), _mflop(p.get("recompute_flops")), fmt_ratio(p.get("time_overhead")),
-             _grads(p), "-" if p.get("max_rel_err") is None else f"{p['max_rel_err']:.1e}",
-             _grads(p.get("random_op_check")) + (f" (dropout {p['random_op_check']['dropout']:g})"
-                                                 if p.get("random_op_check") else ""), p.get("error") or ""]
-            for p in points]
-
-
-COMPILED_COLUMNS = ("activation_memory_budget", "backend", "saved", "peak act", "recompute FLOPs", "time/none",
-                    "grads vs eager none", "max rel err", "grads with random ops", "error")
-
-
-def markdown(report: dict) -> str:
-    """plan.md: the plan rows, the torch.compile points, the frontier plot, then the suite report of every case."""
-    parts = [f"# Remat plans for a memory budget: {report['model']}", "",
-             "Each budget is a percentage of `none`'s measured peak activation bytes in the same framework (or "
-             "bytes). `planner`: the plan of least cost (`cost`) in the planner's space predicted to fit, run and measured "
-             "(re-planned with the target lowered by the overshoot when the measurement exceeds the budget: "
-             "`tries`); `uniform`: the uniform plan of least cost predicted to fit, measured the same way. "
-             "Recompute FLOPs are the menu's (XLA's cost analysis in JAX, FlopCounterMode in PyTorch). "
-             "`cost`: what both plans minimize (`time`: measured time, in PyTorch the blocks' measured times, `stack ms "
-             "pred` their sum for the plan, in JAX candidate plans timed whole; `flops`: the recompute FLOPs). "
-             f"`time/none` is `noise` where its range is wider than its distance from 1 ({TIME_NOTE}). `chosen`: "
-             "the plan to use (`parity.cli.plan_choice.choose`: the planner's, unless its case failed or it measured "
-             "slower than the uniform plan beyond the noise, the two timed against each other; a noise ratio decides "
-             "nothing).", "",
-             md_table(COLUMNS, table_rows(report["plan_rows"])), "",
-             *[f"- {line}" for line in pc.choice_lines(report["plan_rows"])],
-             *pc.paired_markdown(report["plan_rows"]), *pc.candidates_markdown(report["plan_rows"]),
-             *pc.options_markdown(report["plan_rows"])]
-    if report.get("compiled"):
-        parts += ["", "## torch.compile with activation_memory_budget (PyTorch's own compiler-assisted remat)", "",
-                  "Random ops are never recomputed (`torchref.compiled_random`: below 1.0 torch's own partition "
-                  "redraws dropout masks in the backward). Each point's loss and gradients are checked against eager "
-                  "`none`, on the model and on it with dropout (bitwise, or within the bound of "
-                  "`torchref.compiled_random.GRADS_REL_BOUND`); a point that fails says why under error and is not "
-                  "plotted as an option.", "",
-                  md_table(COMPILED_COLUMNS, compiled_rows(report["compiled"]))]
-    if report.get("frontier_plot"):
-        parts += ["", f"![frontier]({report['frontier_plot']})"]
-    parts += ["", "## Every case", "", suite_markdown(report)]
-    return "\n".join(parts) + "\n"
-
-
-TERMINAL_COLUMNS = ("framework", "budget", "who", "plan", "status", "peak act", "time/none", "chosen")
-"""The plan table's columns on the terminal without ``--wide`` (a subset of :data:`COLUMNS`; ``status`` pass is
-bitwise and within the budget; ``framework`` is headed ``fw``; ``time/none`` without its range). Below the table:
-each row's choice with the paired ratio and why (:func:`parity.cli.plan_choice.choice_lines`), then errors."""
-
-
-def print_summary(report: dict, console: Console, wide: bool = False) -> None:
-    """The plan rows (``wide``: every column of :data:`COLUMNS`), plan names broken only after ``+`` or ``,``
-    (:func:`parity.report.terminal.name_table`), the choices and errors, and the torch.compile points, within the
-    terminal's width."""
-    keep = [i for i, c in enumerate(COLUMNS) if wide or c in TERMINAL_COLUMNS]
-    rows, cases = table_rows(report["plan_rows"]), [(r, w) for r in report["plan_rows"] for w in KINDS_WHO if r[w]]
-    plan, status, time = COLUMNS.index("plan"), COLUMNS.index("status"), COLUMNS.index("time/none")
-    shown = [[("-" if r[w]["plan"] is None else row[i]) if i == plan else row[i] if wide or i != time else
-              fmt_time_ratio(r[w]["time_overhead"], r[w].get("time_overhead_range"), False) for i in keep]
-             for row, (r, w) in zip(rows, cases)]  # time/none's range: --wide and plan.md
-    heads = [COLUMNS[i] if wide or COLUMNS[i] != "framework" else "fw" for i in keep]
-    console.print(name_table(console, f"remat plans for a budget: {report['model']}", heads, shown,
-                             [keep.index(plan)], left=[True] * 5, styles=[None if row[status] == "pass" else "red"
-                                                                       for row in rows]))
-    for line in pc.choice_lines(report["plan_rows"]):
-        console.print(Text(line))
-    for r, who in cases:
-        if r[who]["plan"] is None:
-            console.print(Text(f"{r['framework']} {r['budget']} {who}: {_short_error(r[who]['error'])}", style="red"))
-    if any(row[COLUMNS.index("time/none")].startswith("noise") for row in rows):
-        console.print(Text(f"time/none: noise where its range is wider than its distance from 1; {TIME_NOTE}"))
-    if report.get("compiled"):
-        console.print(fitted_table("torch.compile, activation_memory_budget", COMPILED_COLUMNS,
-                                   compiled_rows(report["compiled"]), left=[True, True]))
 
 
 def _compiled_points(suite, budgets, backend: str, console, progress: bool) -> list[dict]:
@@ -394,7 +255,7 @@ def _plan(args, suite, budgets, console, claim, env) -> int:
             + (f", {args.out / 'frontier.png'}" if args.frontier else ""))
     compiled_ok = all(p.get("error") is None for p in report["compiled"])
     if plan_passed(report, frontier=args.frontier) and compiled_ok:
-        cc.note(console, "every plan fits its budget, gradients and weights bitwise equal to none", "green")
+        cc.note(console, passed_line(report), "green")
         return 0
     cc.note(console, "some plan failed a check, went over its budget or errored (see plan.md)", "bold red")
     return 1

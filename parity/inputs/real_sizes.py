@@ -102,10 +102,13 @@ class EstimateShape:
         return sum(math.prod(s) for s in param_shapes(self.config).values())
 
     def describe(self) -> str:
-        """``"gpt-1.3b: 24L D2048 H16 F8192 V50257 T2048 B8 float32 materialized, 1.32B parameters"``."""
+        """``"gpt-1.3b: 24L D2048 H16 F8192 V50257 T2048 B8 float32 materialized, 1.32B parameters"``; bfloat16 says
+        ``"bfloat16 compute (float32 parameters, gradients and AdamW)"``: mixed precision keeps those in float32."""
         c = self.config
+        precision = ("bfloat16 compute (float32 parameters, gradients and AdamW)" if self.precision == "bfloat16"
+                     else self.precision)
         return (f"{self.name}: {c.n_layer}L D{c.d_model} H{c.n_head} F{c.d_ff} V{c.vocab_size} T{self.seq_len} "
-                f"B{self.batch_size} {self.precision} {c.attention}, {_count(self.parameter_count)} parameters")
+                f"B{self.batch_size} {precision} {c.attention}, {_count(self.parameter_count)} parameters")
 
 
 def _read_hf(path: str | Path) -> TransformerConfig:

@@ -211,7 +211,9 @@ class JaxFramework:
             out.append({"framework": "jax", "plan": r["plan"], "estimated_peak_bytes": est, "measured_peak_bytes": real,
                         "difference_bytes": est - real, "relative": (est - real) / real, "margin_bytes": 0,
                         "within_margin": r["equal"],
-                        "what": "compiled memory_analysis() from shapes against from arrays, every field",
+                        "what": "the compiled jit(value_and_grad(loss)) from shapes against from arrays, every field of "
+                                "memory_analysis() (AdamW's state is outside that program: the estimate's total "
+                                "adds it)",
                         "detail": {"abstract": r["abstract"], "concrete": r["concrete"]}})
         return out
 

@@ -215,7 +215,7 @@ class TorchFramework:
         return [{"framework": "torch", "plan": r["plan"], "estimated_peak_bytes": r["fake"]["Total"],
                  "measured_peak_bytes": r["real"]["Total"], "difference_bytes": r["difference_bytes"],
                  "relative": r["relative"], "margin_bytes": margin, "within_margin": abs(r["difference_bytes"]) <= margin,
-                 "what": "peak of the step under fake tensors against the real step's MemTracker peak",
+                 "what": "the step's peak (AdamW's state held) under fake tensors against the real step's MemTracker peak",
                  "detail": {"fake": r["fake"], "real": r["real"]}}
                 for r in torch_estimate.check_plans(cfg, batch, seq, plans)]
 

@@ -254,3 +254,23 @@ def test_plan_bad_input_is_one_line_and_exit_2(argv, match, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_a_budget_below_every_prediction_runs_the_least_plan_and_keeps_it_when_it_measures_within():
+    run, calls = _fake_run(lambda k: -10**6)  # every plan measures far below its prediction
+    ref = run(NONE)
+    r = resolve(BudgetRequest("budget", parse_case_plan("budget(5%)").budget), "torch", CFG, 2, 8, ref, run)
+    assert calls == [r.plan.name] and len(r.attempts) == 1
+    only = r.attempts[0]
+    assert only["within_budget"] and only["measured_peak_activation_bytes"] <= r.budget_bytes
+    assert only["predicted_peak_activation_bytes"] > r.budget_bytes and "least predicted peak" in only["note"]
+
+
+def test_a_budget_below_the_least_plans_measurement_names_that_measurement():
+    run, calls = _fake_run(lambda k: 1000)
+    ref = run(NONE)
+    for kind in ("budget", "best_uniform"):
+        with pytest.raises(NoPlanFits, match=r"measured (\d+) bytes \(predicted \d+\): the least reachable is \1 bytes, "
+                                             r"\d+% of none's") as exc:
+            resolve(BudgetRequest(kind, parse_case_plan("budget(5%)").budget), "torch", CFG, 2, 8, ref, run)
+        assert exc.value.min_peak_plan.name == calls[-1]

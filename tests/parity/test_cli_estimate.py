@@ -1,6 +1,8 @@
 """``python -m parity estimate``: the table, the files, ``--check`` and ``--budget`` at a tiny explicit shape;
 bad input is one line and exit 2 before any compile."""
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -15,12 +17,13 @@ TINY = ["--n-layer", "4", "--d-model", "16", "--n-head", "2", "--vocab", "64", "
 @pytest.fixture(scope="module")
 def checked_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("estimate") / "est"
-    code = main(["estimate", *TINY, "--plans", "none,full,every_k(2)", "--check", "--out", str(out)])
-    return code, out
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        code = main(["estimate", *TINY, "--plans", "none,full,every_k(2)", "--check", "--out", str(out)])
+    return code, out, printed.getvalue()
 
 
 def test_estimate_check_writes_both_frameworks_rows_and_exact_checks(checked_run, capsys):
-    code, out = checked_run
+    code, out, printed = checked_run
     assert code == 0
     report = json.loads((out / "estimate.json").read_text())
     assert report["schema"] == cli_estimate.SCHEMA_VERSION and report["command"] == "estimate"
@@ -39,6 +42,12 @@ def test_estimate_check_writes_both_frameworks_rows_and_exact_checks(checked_run
     md = (out / "estimate.md").read_text()
     assert "| fw | plan |" in md and "Checked against the step run for real" in md
     assert "estimate_rows" in (out / "report.html").read_text()
+    printed = printed.splitlines()
+    head = next(i for i, x in enumerate(printed) if x.split()[:3] == ["fw", "plan", "estimate"])
+    assert [x.split()[:2] for x in printed[head + 1:head + 7]] == [[fw, p] for fw in FRAMEWORK_NAMES
+                                                                   for p in ("none", "full", "every_k(2)")]
+    assert any(x.startswith("jax: the compiled jit(value_and_grad(loss))") and "AdamW" in x for x in printed)
+    assert any(x.startswith("torch: the step's peak (AdamW's state held)") for x in printed)
 
 
 def test_the_terminal_table_fits_100_columns(tmp_path, capsys):

@@ -29,6 +29,7 @@ def test_shapes_from_explicit_sizes_overrides_and_bfloat16():
     c = s.config
     assert (c.d_ff, c.vocab_size, c.max_seq_len, c.dtype, c.compute_dtype, c.attention) == (
         1024, 50257, 256, "float32", "bfloat16", "fused")
+    assert "bfloat16 compute (float32 parameters, gradients and AdamW) fused" in s.describe()
     s = resolve_shape("gpt2-124m", seq_len=512, batch_size=2, n_layer=6)
     assert (s.config.n_layer, s.seq_len, s.batch_size, s.config.max_seq_len) == (6, 512, 2, 1024)
     assert resolve_shape("minilm-l6", batch_size=32, seq_len=128).config.arch == "bert"

@@ -2,7 +2,8 @@
 
 import types
 
-from parity.cli.plan import COLUMNS, plan_rows, table_rows
+from parity.cli.plan import plan_rows
+from parity.report.plan_report import COLUMNS, table_rows
 
 
 def _errored(plan: str) -> dict:
@@ -14,7 +15,7 @@ def test_an_errored_row_carries_the_cost_planned_on_in_plan_json_and_plan_md():
               "cross_framework": []}
     rows = plan_rows(report, ["10%"], types.SimpleNamespace(planner_cost="time"))
     assert len(rows) == 1 and rows[0]["cost"] == "time" and rows[0]["choice"] == "none"
-    cells = table_rows(rows)  # plan.md's table (parity.cli.plan.markdown) and the terminal's
+    cells = table_rows(rows)  # plan.md's table (parity.report.plan_report.markdown) and the terminal's
     assert [c[COLUMNS.index("cost")] for c in cells] == ["time", "time"]
     # without the suite the cases' own record is the source, and a row that has none says so
     assert plan_rows(report, ["10%"])[0]["cost"] is None

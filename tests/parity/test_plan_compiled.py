@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import parity.report.plots as plots
-from parity.cli.plan import COMPILED_COLUMNS, compiled_rows, markdown
+from parity.report.plan_report import COMPILED_COLUMNS, compiled_rows, markdown
 
 REPORT = json.loads((Path(__file__).parent / "data" / "plan_frontier.json").read_text())
 CHECK_OK = {"dropout": 0.1, "random_ops": "save", "random_ops_in_graph": 25, "random_ops_recomputed": 0,

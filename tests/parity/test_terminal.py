@@ -9,8 +9,9 @@ import re
 import pytest
 from rich.console import Console
 
-from parity.cli.plan import COLUMNS as PLAN_COLUMNS
-from parity.cli.plan import print_summary
+from parity.report.plan_report import COLUMNS as PLAN_COLUMNS
+from parity.report.plan_report import (COMPILED_COLUMNS, passed_line, print_compiled, print_summary,
+                                       unfit_budgets)
 from parity.report import terminal
 from parity.report.distributed_report import print_mesh_tables
 from parity.report.format import fmt_time_ratio
@@ -127,3 +128,24 @@ def test_width_without_a_terminal_is_100_and_columns_wins(monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     assert terminal.terminal_width() == 80 and terminal.terminal_console(wide=True).width == terminal.WIDE_WIDTH
     assert isinstance(terminal.terminal_console(), Console)
+
+
+@pytest.mark.parametrize("columns", [100, 80])
+def test_compiled_points_keep_their_words_whole_and_errors_go_below(monkeypatch, columns):
+    points = [dict(p) for p in PLAN["compiled"]]
+    points[3]["error"] = "RuntimeError: the partitioner found no cut within the budget at this point"
+    lines = _printed(monkeypatch, columns, lambda c: print_compiled(points, c))
+    assert max(len(x) for x in lines) <= columns and not any("…" in x for x in lines)
+    assert "aot_eager_decomp_partition" in lines[0]  # the backend, once, in the title
+    assert sum(x.split()[:1] == ["0.4"] for x in lines) == 1 and "RuntimeError" in "\n".join(lines)
+    assert not any(x.startswith(" 0.4") and "RuntimeError" in x for x in lines)  # the error is its own line
+    wide = "\n".join(_printed(monkeypatch, columns, lambda c: print_compiled(points, c, wide=True), wide=True))
+    assert all(w in wide for h in COMPILED_COLUMNS for w in h.split())
+
+
+def test_the_last_line_of_a_frontier_names_the_budgets_no_plan_fits():
+    assert unfit_budgets(PLAN) == ["10%", "20%"]
+    line = passed_line(PLAN)
+    assert line.startswith("every plan found fits its budget") and "no plan fits 10%, 20%" in line
+    fitted = {**PLAN, "plan_rows": [r for r in PLAN["plan_rows"] if r["budget"] not in ("10%", "20%")]}
+    assert passed_line(fitted) == "every plan fits its budget, gradients and weights bitwise equal to none"
