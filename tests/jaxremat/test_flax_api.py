@@ -28,7 +28,7 @@ CARRY_BYTES = B * T * D * 4
 RATE = 0.2
 # X, W (loss = sum(y * W): its gradient keeps no activation) and the stacks, set by ``_module_arrays``
 # when the module's first test runs, not at import: every xdist worker imports (collects) every test
-# module, and building the stack costs ~2.5 s of compiles (make_stack).
+# module, and building the stacks op by op costs ~7 s of compiles.
 X = W = STACKS = GRAPHDEF = PARAMS = REST = None
 SAVE_DOTS = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
@@ -49,27 +49,14 @@ class Mixer(nnx.Module):
 
 
 def make_stack(rate: float = RATE, n: int = N, block=Mixer) -> nnx.Module:
-    """N Mixer blocks stacked the usual NNX way: split rngs, vmap the constructor.
+    """N Mixer blocks stacked the usual NNX way: split rngs, vmap the constructor."""
 
-    A fresh module (its own Variables) on each call, over the arrays of one ``nnx.jit`` construction per
-    (rate, n, block): op by op the construction compiles each initializer per shape (~7 s)."""
-    return nnx.merge(*_built_stack(rate, n, block), copy=True)
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make(rngs):
+        return block(rate, rngs=rngs)
 
-
-@functools.lru_cache(maxsize=None)
-def _built_stack(rate: float, n: int, block) -> tuple:
-    """(graphdef, state) of ``n`` stacked ``block`` layers, constructed under ``nnx.jit``."""
-
-    @nnx.jit
-    def build():
-        @nnx.split_rngs(splits=n)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
-        def make(rngs):
-            return block(rate, rngs=rngs)
-
-        return make(nnx.Rngs(0))
-
-    return nnx.split(build())
+    return make(nnx.Rngs(0))
 
 
 @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
@@ -89,13 +76,12 @@ def _loss(schedule, policy, graphdef=None):
 
 @pytest.fixture(scope="module", autouse=True)
 def _module_arrays():
-    """X, W and the stacks of N layers and of its first 3 (the comment at the top of the module)."""
+    """X, W and the stacks of 3 and N layers (the comment at the top of the module)."""
     global X, W, STACKS, GRAPHDEF, PARAMS, REST
     X = jax.random.normal(jax.random.key(1), (B, T, D))
     W = jax.random.normal(jax.random.key(2), (B, T, D))
-    GRAPHDEF, PARAMS, REST = nnx.split(make_stack(), nnx.Param, ...)
-    first_3 = lambda state: jax.tree.map(lambda a: a[:3], state)  # noqa: E731  (layers, keys and counters)
-    STACKS = {N: (GRAPHDEF, PARAMS, REST), 3: (GRAPHDEF, first_3(PARAMS), first_3(REST))}  # n -> (graphdef, params, rest)
+    STACKS = {n: nnx.split(make_stack(n=n), nnx.Param, ...) for n in (3, N)}  # n -> (graphdef, params, rest)
+    GRAPHDEF, PARAMS, REST = STACKS[N]
 
 
 @functools.lru_cache(maxsize=None)
