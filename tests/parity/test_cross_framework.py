@@ -21,9 +21,11 @@ def test_frameworks_agree_within_tolerance_table(dtype, run_framework):
     cfg = TransformerConfig(n_layer=3, d_model=32, n_head=4, d_ff=64, max_seq_len=16, dtype=dtype)
     params, tokens = init_params(cfg, seed=3), token_batch(2, 16, seed=3)
     hp = AdamWConfig(steps=1)
+    # loss and gradients only (with_training=False): the rows compare nothing else, and JAX compiles no AdamW update
     j = run_framework("jax", cfg, params, tokens, "every_k(2)", mode="jit", hparams=hp, timing_repeats=1,
-                      with_reverse_loop=False)
-    t = run_framework("torch", cfg, params, tokens, "every_k(2)", hparams=hp, timing_repeats=1, with_reverse_loop=False)
+                      with_reverse_loop=False, with_training=False)
+    t = run_framework("torch", cfg, params, tokens, "every_k(2)", hparams=hp, timing_repeats=1, with_reverse_loop=False,
+                      with_training=False)
     scale = loss_term_scale(cfg, params, tokens)
     r = cross_check(j.loss, t.loss, j.grads, t.grads, scale, dtype)
     assert r["ok"], r
@@ -39,7 +41,7 @@ def test_frameworks_agree_within_tolerance_table(dtype, run_framework):
     w = params["h.mlp.c_fc.weight"]
     swapped["h.mlp.c_fc.weight"] = w[:, ::-1, :].copy()
     t_bad = run_framework("torch", cfg, swapped, tokens, "every_k(2)", hparams=hp, timing_repeats=1,
-                          with_reverse_loop=False)
+                          with_reverse_loop=False, with_training=False)
     assert max_rel_err(j.grads, t_bad.grads) > 100 * tolerance_for(dtype).bound
     assert not cross_check(j.loss, t_bad.loss, j.grads, t_bad.grads, scale, dtype)["loss_ok"]
 

@@ -1,7 +1,9 @@
 """``python -m parity finetune``: every plan's losses and trained weights against none step by step, both
 frameworks, JAX against PyTorch, and an interrupted run continued (a tiny local BERT checkpoint)."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from jaxremat.models import TransformerConfig, init_params  # noqa: E402
 from parity.cases.finetune import loss_bits, resumable, trained_bound, weights_digest  # noqa: E402
 from parity.cli.run import main  # noqa: E402
 from parity.inputs.checkpoints import save_hf_checkpoint  # noqa: E402
+from parity.inputs.pretrained import FINE_TUNE, checkpoint_preset, preset_batches  # noqa: E402
 
 STEPS = 3
 
@@ -70,6 +73,26 @@ def test_an_interrupted_run_is_continued_from_its_finished_cases(tiny_run, capsy
     (out / "finetune.json").write_text(json.dumps({**report, "complete": False}))
     assert main([*argv[:4], str(STEPS + 1), *argv[5:]]) == 2
     assert "interrupted run with another steps (3, not 4)" in capsys.readouterr().err
+
+
+def test_jax_runner_on_the_encoder_is_bitwise_under_jit(tiny_run, run_framework):
+    # The JAX runner (parity.runners.jax_runner.run_plan, the suite's path) on tiny_run's encoder (dropout 0.1),
+    # first batch and AdamW settings: its loss+gradient programs are the ones tiny_run compiled
+    # (jax_runner.compiled_step, once per model, plan, batch shape and dropout key in a process), so this test
+    # adds no compile of them (a dropout encoder's costs ~7 s of CPU each).
+    from parity.checks.compare import compare_bitwise
+
+    _, _, argv = tiny_run
+    preset = checkpoint_preset(Path(argv[argv.index("--checkpoint") + 1]))
+    cfg, params, batches = preset_batches(preset, "float32", 0, 1)
+    cfg = cfg.replace(dropout=max(preset.dropouts))  # the rate tiny_run's plans trained at
+    assert cfg.arch == "bert" and cfg.dropout == 0.1
+    hp = dataclasses.replace(preset.hparams or FINE_TUNE, steps=2)
+    runs = [run_framework("jax", cfg, params, batches[0], s, mode="jit", hparams=hp, timing_repeats=1,
+                          with_reverse_loop=False) for s in ("none", "every_k(2)")]
+    assert compare_bitwise(runs[1].grads, runs[0].grads).equal
+    assert compare_bitwise(runs[1].trained, runs[0].trained).equal
+    assert runs[1].memory.saved_bytes < runs[0].memory.saved_bytes
 
 
 def test_resumable_and_the_digest():
