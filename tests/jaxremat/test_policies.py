@@ -1,5 +1,7 @@
 """Named policies rendered as jax.checkpoint policies: what a block keeps, and unchanged gradients."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,14 +65,22 @@ def test_policy_raw_callables_pass_through():
         to_jax_policy("recompute_everything_please")
 
 
-@pytest.fixture(scope="module")
-def inputs():
+@functools.lru_cache(maxsize=None)
+def _inputs():
     params = {k: jnp.asarray(v) for k, v in init_params(CFG, seed=1).items()}
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (B, T + 1)), jnp.int32)
     return params, tokens
 
 
-def _grads(plan_text, params, tokens):
+@pytest.fixture(scope="module")
+def inputs():
+    return _inputs()
+
+
+@functools.lru_cache(maxsize=None)
+def _grads(plan_text):
+    """Op-by-op gradients of the loss under ``plan_text`` at :func:`_inputs`, computed once per session."""
+    params, tokens = _inputs()
     plan = parse_plan(plan_text)
     with jax.disable_jit():
         return jax.grad(loss_fn)(params, tokens, CFG, plan.schedule, policy=plan.policy)
@@ -80,9 +90,8 @@ def _grads(plan_text, params, tokens):
                                   "full+minimal_offloaded", "nested(every_k(2),every_k(1))+mlp_only",
                                   "nested(sqrt,sqrt)"])
 @OLD_REMAT3
-def test_policy_grads_bitwise_op_by_op(plan, inputs, bits):
-    params, tokens = inputs
-    bits.assert_tree(_grads(plan, params, tokens), _grads("none", params, tokens), plan)
+def test_policy_grads_bitwise_op_by_op(plan, bits):
+    bits.assert_tree(_grads(plan), _grads("none"), plan)
 
 
 @OLD_REMAT3
