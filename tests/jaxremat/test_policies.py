@@ -111,12 +111,12 @@ def test_policy_kept_bytes_lie_between_full_and_none(inputs):
     assert dev == full_b and host == CFG.n_layer * B * T * 3 * CFG.d_model * 4
 
 
-def test_policy_offload_runs_under_jit(inputs, bits):
-    params, tokens = inputs
+def test_policy_offload_runs_under_jit(tiny, run, bits):
+    # at conftest's tiny case, whose none program under jit is compiled once per session (the run fixture)
+    cfg, params, tokens = tiny
     plan = parse_plan("every_k(2)+qkv_proj_offloaded")
-    f = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, tokens, CFG, plan.schedule, policy=plan.policy)))
-    g = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, tokens, CFG, parse_plan("none").schedule)))
-    (la, ga), (lb, gb) = f(params), g(params)
+    f = jax.jit(jax.value_and_grad(lambda p, t: loss_fn(p, t, cfg, plan.schedule, policy=plan.policy)))
+    (la, ga), (lb, gb) = f(params, tokens), run("tiny", parse_plan("none").schedule, "jit")
     assert bits.equal(la, lb)
     bits.assert_tree(ga, gb, "every_k(2)+qkv_proj_offloaded under jit")
 
