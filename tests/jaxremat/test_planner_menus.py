@@ -1,5 +1,7 @@
 """The JAX planner menus (jaxremat.planner): measured on the block, checked against the account and the run."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,6 +59,19 @@ def test_recompute_flops_order_and_save_nothing_is_about_one_forward(menu):
     assert dots <= by["save_nothing"].recompute_flops < dots + 2 * B * T * D * F
 
 
+@functools.lru_cache(maxsize=None)
+def _inputs():
+    params = {k: jnp.asarray(v) for k, v in init_params(CFG).items()}
+    return params, jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (B, T + 1)), jnp.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def _grads_none():
+    """``none``'s gradients at :func:`_inputs` (not under jit), computed once for both menus below."""
+    params, tok = _inputs()
+    return jax.grad(lambda p: loss_fn(p, tok, CFG, parse_schedule("none")))(params)
+
+
 @pytest.mark.parametrize("policies", [["save_nothing"], list(DEFAULT_MENU)])
 def test_a_planned_plan_runs_bitwise_and_keeps_what_the_planner_predicts(policies):
     chain = gpt_chain(CFG, B, T, policies)
@@ -64,15 +79,14 @@ def test_a_planned_plan_runs_bitwise_and_keeps_what_the_planner_predicts(policie
     none_peak = am.predict_peak_activation_bytes("jax", CFG, B, T, parse_schedule("none"))
     r = plan_gpt(CFG, B, T, int(0.7 * none_peak), policies)
     assert r.peak_bytes <= int(0.7 * none_peak) and r.recompute_flops > 0
-    params = {k: jnp.asarray(v) for k, v in init_params(CFG).items()}
-    tok = jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (B, T + 1)), jnp.int32)
+    params, tok = _inputs()
     outside = sum(t.bytes for t in am.outside_tensors("jax", CFG, B, T))
     measured = saved_activation_bytes(lambda p: loss_fn(p, tok, CFG, r.plan), params)
     # exact: the LayerNorm weights' (1, 1, D) broadcasts are computed again in the backward pass
     # (jaxremat.layer_pass.LayerProgram.residuals), in every segment, one layer long or not
     assert measured == outside + r.saved_bytes
     g_plan = jax.grad(lambda p: loss_fn(p, tok, CFG, r.plan))(params)
-    g_none = jax.grad(lambda p: loss_fn(p, tok, CFG, parse_schedule("none")))(params)
+    g_none = _grads_none()
     for k in g_none:  # op by op: bitwise (under jit too: tests/jaxremat/test_bitwise_jit.py)
         assert np.asarray(g_plan[k]).tobytes() == np.asarray(g_none[k]).tobytes(), k
     names = {o.name for o in chain["options_per_block"][0]}

@@ -1,5 +1,7 @@
 """Named policies rendered as jax.checkpoint policies: what a block keeps, and unchanged gradients."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,14 +65,22 @@ def test_policy_raw_callables_pass_through():
         to_jax_policy("recompute_everything_please")
 
 
-@pytest.fixture(scope="module")
-def inputs():
+@functools.lru_cache(maxsize=None)
+def _inputs():
     params = {k: jnp.asarray(v) for k, v in init_params(CFG, seed=1).items()}
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (B, T + 1)), jnp.int32)
     return params, tokens
 
 
-def _grads(plan_text, params, tokens):
+@pytest.fixture(scope="module")
+def inputs():
+    return _inputs()
+
+
+@functools.lru_cache(maxsize=None)
+def _grads(plan_text):
+    """Op-by-op gradients of the loss under ``plan_text`` at :func:`_inputs`, computed once per session."""
+    params, tokens = _inputs()
     plan = parse_plan(plan_text)
     with jax.disable_jit():
         return jax.grad(loss_fn)(params, tokens, CFG, plan.schedule, policy=plan.policy)
@@ -80,9 +90,8 @@ def _grads(plan_text, params, tokens):
                                   "full+minimal_offloaded", "nested(every_k(2),every_k(1))+mlp_only",
                                   "nested(sqrt,sqrt)"])
 @OLD_REMAT3
-def test_policy_grads_bitwise_op_by_op(plan, inputs, bits):
-    params, tokens = inputs
-    bits.assert_tree(_grads(plan, params, tokens), _grads("none", params, tokens), plan)
+def test_policy_grads_bitwise_op_by_op(plan, bits):
+    bits.assert_tree(_grads(plan), _grads("none"), plan)
 
 
 @OLD_REMAT3
@@ -102,12 +111,12 @@ def test_policy_kept_bytes_lie_between_full_and_none(inputs):
     assert dev == full_b and host == CFG.n_layer * B * T * 3 * CFG.d_model * 4
 
 
-def test_policy_offload_runs_under_jit(inputs, bits):
-    params, tokens = inputs
+def test_policy_offload_runs_under_jit(tiny, run, bits):
+    # at conftest's tiny case, whose none program under jit is compiled once per session (the run fixture)
+    cfg, params, tokens = tiny
     plan = parse_plan("every_k(2)+qkv_proj_offloaded")
-    f = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, tokens, CFG, plan.schedule, policy=plan.policy)))
-    g = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, tokens, CFG, parse_plan("none").schedule)))
-    (la, ga), (lb, gb) = f(params), g(params)
+    f = jax.jit(jax.value_and_grad(lambda p, t: loss_fn(p, t, cfg, plan.schedule, policy=plan.policy)))
+    (la, ga), (lb, gb) = f(params, tokens), run("tiny", parse_plan("none").schedule, "jit")
     assert bits.equal(la, lb)
     bits.assert_tree(ga, gb, "every_k(2)+qkv_proj_offloaded under jit")
 
