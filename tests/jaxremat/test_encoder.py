@@ -61,7 +61,7 @@ def _assert_bitwise(a, b):
 
 # Each combination is two fresh compiles of the encoder step, so all run with JAXREMAT_SLOW_TESTS=1. By default
 # every_k(2) with dropout 0.1 under jit is bitwise with none in
-# tests/parity/test_cli_checkpoint.py::test_jax_runner_on_the_encoder_is_bitwise_under_jit (gradients and trained
+# tests/parity/test_finetune.py::test_jax_runner_on_the_encoder_is_bitwise_under_jit (gradients and trained
 # weights, same encoder shape), and a remat schedule under jit with a policy in
 # test_encoder_policy_saves_the_named_activation_only below.
 JIT_CASES = [pytest.param(s, d, id=f"{i}-{d}", marks=pytest.mark.jaxremat_slow)
