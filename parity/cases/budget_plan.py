@@ -144,8 +144,8 @@ class Resolution:
 
 
 def _uniform_segments(plan: RematPlan, n: int) -> list[tuple[int, str]]:
-    opt = plan.policy.name
-    return [(s.length, opt if s.checkpointed else "store") for s in plan.segments_for(n)]
+    """``plan``'s segments at depth ``n`` as the chain model takes them: ``(length, option name or "store")``."""
+    return [(s.length, (s.policy or plan.policy).name if s.checkpointed else "store") for s in plan.segments_for(n)]
 
 
 def uniform_candidates(n_layer: int, policies) -> list[RematPlan]:
@@ -297,7 +297,7 @@ def _least_peak(request: BudgetRequest, chain: dict, n: int, exc: NoPlanFits, mi
             return _planned(chain, exc.min_peak_bytes, min_len, cost)
         except NoPlanFits:  # the quantised search may miss the exact least peak: take the least plan as it is
             plan = RematPlan(exc.min_peak_plan)
-            segs = [(s.length, (s.policy or plan.policy).name if s.checkpointed else "store") for s in plan.segments_for(n)]
+            segs = _uniform_segments(plan, n)
             peak, flops, saved = chain_costs(chain["options_per_block"], segs, chain["boundary_bytes"],
                                              chain["invariant_bytes"])
             return plan, {"predicted_peak_activation_bytes": peak + chain["fixed_bytes"],

@@ -147,7 +147,12 @@ def _peak_activation(cfg, params, loss):
     from jaxremat.memory import compiled_stats
 
     stats = compiled_stats(jax.jit(jax.value_and_grad(loss)).lower(params, _small()[2]).compile())
-    return stats["peak_bytes"] - 2 * sum(int(np.prod(v.shape)) * 4 for v in jax.tree.leaves(params))
+    return stats["peak_bytes"] - _params_and_grads_bytes(params)
+
+
+def _params_and_grads_bytes(params) -> int:
+    """The float32 parameters and their gradients (bytes): what the compiled peak holds beside the activations."""
+    return 2 * sum(int(np.prod(v.shape)) * 4 for v in jax.tree.leaves(params))
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,8 +167,7 @@ def _compiled_small(name: str) -> dict:
 
 def _peak_activation_small(name: str) -> int:
     """The small model's compiled peak less its parameters and their gradients (bytes), under ``name``."""
-    params = _small()[1]
-    return _compiled_small(name)["peak_bytes"] - 2 * sum(int(np.prod(v.shape)) * 4 for v in jax.tree.leaves(params))
+    return _compiled_small(name)["peak_bytes"] - _params_and_grads_bytes(_small()[1])
 
 
 @pytest.mark.parametrize("name", ["none", "full", "every_k(2)", "sqrt"])
