@@ -24,6 +24,7 @@ cannot take the files; 130 interrupted.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 import time
 
 from jaxremat.spec.plan import parse_plan
@@ -37,6 +38,7 @@ from parity.report.environment import available_memory_bytes, environment_info
 from parity.report.files import atomic_write, json_text
 from parity.report.format import fmt_bytes
 from parity.report.html import HTML_NAME, write_html
+from parity.report.terminal import terminal_width
 from parity.runners.estimate_budget import BudgetNotMet
 from parity.runners.estimate_table import markdown_table, terminal_table
 from parity.runners.framework import FRAMEWORK_NAMES, get_framework
@@ -221,7 +223,8 @@ def _terminal_checks(checks: list[dict]) -> str:
         out.append(f"{c['framework']:<6} {c['plan']:<{width}} {c['estimated_peak_bytes']:>14} "
                    f"{c['measured_peak_bytes']:>14} {c['difference_bytes']:>+10}  "
                    f"{'yes' if c['within_margin'] else 'OVER MARGIN'}")
-    out += [f"{fw}: {what}" for fw, what in dict.fromkeys((c["framework"], c["what"]) for c in checks)]
+    out += [textwrap.fill(f"{fw}: {what}", terminal_width(), subsequent_indent="  ")
+            for fw, what in dict.fromkeys((c["framework"], c["what"]) for c in checks)]
     return "\n".join(out)
 
 

@@ -4,6 +4,8 @@ bad input is one line and exit 2 before any compile."""
 import contextlib
 import io
 import json
+import os
+from unittest import mock
 
 import pytest
 
@@ -17,7 +19,7 @@ TINY = ["--n-layer", "4", "--d-model", "16", "--n-head", "2", "--vocab", "64", "
 @pytest.fixture(scope="module")
 def checked_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("estimate") / "est"
-    with contextlib.redirect_stdout(io.StringIO()) as printed:
+    with contextlib.redirect_stdout(io.StringIO()) as printed, mock.patch.dict(os.environ, {"COLUMNS": "100"}):
         code = main(["estimate", *TINY, "--plans", "none,full,every_k(2)", "--check", "--out", str(out)])
     return code, out, printed.getvalue()
 
@@ -46,8 +48,10 @@ def test_estimate_check_writes_both_frameworks_rows_and_exact_checks(checked_run
     head = next(i for i, x in enumerate(printed) if x.split()[:3] == ["fw", "plan", "estimate"])
     assert [x.split()[:2] for x in printed[head + 1:head + 7]] == [[fw, p] for fw in FRAMEWORK_NAMES
                                                                    for p in ("none", "full", "every_k(2)")]
-    assert any(x.startswith("jax: the compiled jit(value_and_grad(loss))") and "AdamW" in x for x in printed)
+    text = "\n".join(printed)
+    assert "jax: the compiled jit(value_and_grad(loss))" in text and "AdamW's state is outside" in text
     assert any(x.startswith("torch: the step's peak (AdamW's state held)") for x in printed)
+    assert max(len(x) for x in printed) <= 100  # what each framework compared, folded to the width
 
 
 def test_the_terminal_table_fits_100_columns(tmp_path, capsys):
