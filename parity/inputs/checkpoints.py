@@ -204,7 +204,18 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _header(weights: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{key: (shape, safetensors dtype code)}`` from the file's header; no tensor is read."""
+    """``{key: (shape, safetensors dtype code)}`` from the file's header; no tensor is read.
+
+    The file is read as safetensors first (which never unpickles); only a file it refuses is looked at
+    for pickle or zip magic bytes, to name what it holds. A valid file's first byte is the low byte of
+    its header length, which can be pickle's 0x80 (a 128-byte header)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="numpy") as fh:
+            return {k: (tuple(fh.get_slice(k).get_shape()), fh.get_slice(k).get_dtype()) for k in fh.keys()}
+    except Exception as exc:  # safetensors raises its own SafetensorError (an Exception)
+        reason = _first_line(exc)
     with open(weights, "rb") as fh:
         head = fh.read(4)
     if head[:1] == b"\x80" or head == b"PK\x03\x04":
@@ -212,14 +223,8 @@ def _header(weights: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         raise ValueError(f"{weights} holds {kind} bytes, not "
                          "safetensors; pickle is never loaded: convert it with `save_pretrained(..., "
                          "safe_serialization=True)`")
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(weights), framework="numpy") as fh:
-            return {k: (tuple(fh.get_slice(k).get_shape()), fh.get_slice(k).get_dtype()) for k in fh.keys()}
-    except Exception as exc:  # safetensors raises its own SafetensorError (an Exception)
-        raise ValueError(f"{weights} is not a valid safetensors file ({_first_line(exc)}); "
-                         "it is empty, truncated or corrupt: save or download it again") from None
+    raise ValueError(f"{weights} is not a valid safetensors file ({reason}); "
+                     "it is empty, truncated or corrupt: save or download it again")
 
 
 def check_weights_file(path, cfg: TransformerConfig, dtypes=("float32",)) -> int:

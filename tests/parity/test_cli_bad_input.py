@@ -111,6 +111,25 @@ def test_float64_weights_run_in_float64_pass_the_check(ckpt):
     assert check_weights_file(ckpt, GPT2, ("float64",)) == (ckpt / "model.safetensors").stat().st_size
 
 
+def test_valid_weights_whose_first_byte_is_pickles_magic_are_read(ckpt):
+    """A safetensors file starts with its header's length (u64, little endian): a 128-byte header
+    makes its first byte 0x80, pickle's first byte; the file is read, not refused as pickle."""
+    import struct
+
+    from safetensors.numpy import load_file, save_file
+
+    from parity.inputs.checkpoints import check_weights_file
+
+    weights = ckpt / "model.safetensors"
+    tensors = load_file(str(weights))
+    for pad in range(300):  # metadata of a growing length until the header is 128 + 256 k bytes long
+        save_file(tensors, str(weights), metadata={"format": "pt", "pad": "x" * pad})
+        if weights.read_bytes()[0] == 0x80:
+            break
+    assert weights.read_bytes()[0] == 0x80, struct.unpack("<Q", weights.read_bytes()[:8])
+    assert check_weights_file(ckpt, GPT2) == weights.stat().st_size
+
+
 def test_pickle_only_directory_is_one_line_exit_2(ckpt, tmp_path, capsys):
     (ckpt / "model.safetensors").unlink()
     (ckpt / "pytorch_model.bin").write_bytes(pickle.dumps({}))
