@@ -196,28 +196,34 @@ def test_closed_over_value_gradient_with_checkpoint_is_summed_per_segment_op_by_
     transpose sums it per segment, then across segments. Op by op (no fusion) its bits are exactly
     ``(g3 + g2) + (g1 + g0)`` of the layers' own contributions ``g_i`` (``every_k(2)`` at N=4; ``sqrt``
     there has the same segments), where ``none`` gives ``((g3 + g2) + g1) + g0``, and so does the reverse
-    loop under every schedule (it adds them layer by layer, last layer first; the test above); the two
-    differ here."""
+    loop under every schedule (it adds them layer by layer, last layer first; the test above). The two
+    orders round apart only for some inputs (seed 3 with jax 0.10.2, but not with jax 0.12.0.1, whose
+    op-by-op kernels round the ``g_i`` differently), so the test takes the first of seeds 3.. where they
+    differ: there the identities below tell the two orders apart."""
     n, (ws, x, _) = N, _inputs()
-    scale = jax.random.normal(jax.random.key(3), (D,))
 
     def layer(sc, w, h):
         return h + jnp.tanh((h * sc) @ w)
 
-    def grad(schedule, **kw):
+    def grad(scale, schedule, **kw):
         return jax.grad(lambda sc: (remat_scan(lambda w, h, _: layer(sc, w, h), ws, x, schedule, **kw) ** 2).sum())(scale)
 
     with jax.disable_jit():
-        hs = [x]
-        for i in range(n):
-            hs.append(layer(scale, ws[i], hs[-1]))
-        ct, g = jax.grad(lambda h: (h ** 2).sum())(hs[-1]), [None] * n
-        for i in reversed(range(n)):
-            g[i], _, ct = jax.vjp(layer, scale, ws[i], hs[i])[1](ct)
-        chain, per_segment = ((g[3] + g[2]) + g[1]) + g[0], (g[3] + g[2]) + (g[1] + g[0])
-        assert not bits.equal(chain, per_segment)
-        assert bits.equal(grad(none, method="checkpoint"), chain)  # one scan: layer by layer
-        assert bits.equal(grad(every_k(2), method="checkpoint"), per_segment)
+        for seed in range(3, 19):
+            scale = jax.random.normal(jax.random.key(seed), (D,))
+            hs = [x]
+            for i in range(n):
+                hs.append(layer(scale, ws[i], hs[-1]))
+            ct, g = jax.grad(lambda h: (h ** 2).sum())(hs[-1]), [None] * n
+            for i in reversed(range(n)):
+                g[i], _, ct = jax.vjp(layer, scale, ws[i], hs[i])[1](ct)
+            chain, per_segment = ((g[3] + g[2]) + g[1]) + g[0], (g[3] + g[2]) + (g[1] + g[0])
+            if not bits.equal(chain, per_segment):
+                break
+        else:
+            pytest.fail("the two summation orders gave the same bits for seeds 3..18; the test tells nothing apart")
+        assert bits.equal(grad(scale, none, method="checkpoint"), chain)  # one scan: layer by layer
+        assert bits.equal(grad(scale, every_k(2), method="checkpoint"), per_segment)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion emitters")
