@@ -69,11 +69,12 @@ def _assert_once_per_step_and_bitwise(got, ref, name, bits):
 
 
 JIT = ("every_k(2)", "nested(sqrt,sqrt)")
-# Op by op, every_k(2) and nested(sqrt,sqrt) run with JAXREMAT_SLOW_TESTS=1: test_batch_stats_once_per_step_under_jit
-# checks them with the same assertions under jit. segments(2) too: at N=4 it is sqrt's plan (a checkpointed 2-layer
-# segment, then a stored 2-layer one), checked op by op in [sqrt].
-OP_BY_OP = [pytest.param(s, id=s, marks=pytest.mark.jaxremat_slow if s in (*JIT, "segments(2)") else ())
-            for s in SCHEDULES[1:]]
+# Op by op, full runs by default (every layer a checkpointed segment); every_k(2) and nested(sqrt,sqrt) run with
+# JAXREMAT_SLOW_TESTS=1: test_batch_stats_once_per_step_under_jit checks them with the same assertions under jit.
+# So do every_k(3), sqrt and segments(2) (~3 s each) at N=4: every_k(3)'s checkpointed segments of 3 and 1 layers are
+# of the kinds every_k(2) (under jit) and full (op by op) check; sqrt and segments(2) are both a checkpointed 2-layer
+# segment then a stored 2-layer one, the segments nested(sqrt,sqrt) runs under jit.
+OP_BY_OP = [pytest.param(s, id=s, marks=pytest.mark.jaxremat_slow if s != "full" else ()) for s in SCHEDULES[1:]]
 
 
 @pytest.mark.parametrize("name", OP_BY_OP)
