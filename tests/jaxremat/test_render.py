@@ -131,7 +131,12 @@ def test_sqrt_bitwise_jit_tiny(run, bits):
     _assert_same(run("tiny", sqrt, "jit"), run("tiny", none, "jit"), bits)
 
 
-@pytest.mark.parametrize("schedule", [full, every_k(2), segments(3)], ids=lambda s: s.name)
+# full (every segment one layer long) runs by default. every_k(2) (2, 2, 1 at N=5) and segments(3) (1, 1, 3) add
+# only segment lengths the default tests hold under jit: 1 (full here), 2 and 3 (every_k(3) with dropout above),
+# 2 then a stored 3 (sqrt at the default config below); they run with JAXREMAT_SLOW_TESTS=1.
+@pytest.mark.parametrize("schedule", [full, pytest.param(every_k(2), marks=pytest.mark.jaxremat_slow),
+                                      pytest.param(segments(3), marks=pytest.mark.jaxremat_slow)],
+                         ids=lambda s: s.name)
 def test_jit_one_layer_segments_bitwise_without_dropout(run, schedule, bits):
     """Segments of one layer (full; every_k(2)'s remainder at N=5; segments(3)) at the tiny shape."""
     _assert_same(run("tiny", schedule, "jit"), run("tiny", none, "jit"), bits)
