@@ -72,7 +72,7 @@ def test_cross_framework_within_tolerance_under_sse_code_on_two_threads():
 
     Both settings differ from the tests' own (this CPU's widest code, 1 thread each when the suite runs in
     parallel workers; tests/conftest.py), whose tolerance tests/parity/test_cross_framework.py checks. Each
-    setting is seen to take effect: ATen's kernels, the thread count, and no AVX register in XLA's code.
+    setting is seen to take effect: ATen's kernels, the thread count, and no ``ymm`` register in XLA's code.
     The whole grid (every instruction set by every thread count) is ``python -m parity.experiments.tolerance_sweep``.
     """
     cpus = sorted(os.sched_getaffinity(0))[:2]
