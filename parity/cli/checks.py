@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
 from rich.text import Text
@@ -22,6 +23,7 @@ from parity.runners.framework import FRAMEWORK_NAMES, check_frameworks, get_fram
 from parity.report.files import OutDirBusy, OutDirLock, WriteError
 from parity.checks.verdict import report_passed
 from parity.report.suite_report import OutputDirError, prepare_out_dir, print_tables, writable_dir, write_report
+from parity.report.terminal import terminal_width
 
 EXIT_INTERRUPTED = 130
 T = TypeVar("T")
@@ -33,8 +35,12 @@ def error(console, message: str) -> None:
 
 
 def note(console, message: str, style: str | None = None) -> None:
-    """Print ``message`` as plain text, optionally in one style."""
-    console.print(Text(str(message), style=style or ""))
+    """Print ``message`` as plain text, optionally in one style, each line longer than the terminal
+    (:func:`parity.report.terminal.terminal_width`) folded between words: a path or an option stays whole."""
+    width = terminal_width()
+    lines = [textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) if len(line) > width else line
+             for line in str(message).split("\n")]
+    console.print(Text("\n".join(lines), style=style or ""))
 
 
 def out_path(option: str, text) -> Path:

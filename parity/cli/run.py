@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         "compared within a tolerance table; saved-activation and peak memory beside the analytic model.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run the parity suite and write report.json and report.md",
-                         description="Run the parity suite and write report.json / report.md into --out.")
+    run = sub.add_parser("run", help="run the parity suite and write report.json, report.md and report.html",
+                         description="Run the parity suite and write report.json, report.md and report.html into --out.")
     run.add_argument("--suite", default="quick", choices=SUITES,
                      help="which plans to run when --schedules is not given: 'quick' = the segment schedules; "
                      "'full' = every schedule, every named policy and nested schedule, and combinations; 'stress' = bf16 mixed "

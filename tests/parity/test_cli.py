@@ -127,13 +127,20 @@ def test_cli_remat_saves_less_than_none(tiny_report):
         assert sel["names_ok"] is True and sel["block_names"]["kept"] == ["qkv_proj"], fw
 
 
-def test_cli_keeps_previous_report(tmp_path):
+def test_cli_keeps_previous_report(tmp_path, monkeypatch, capsys):
     (tmp_path / "report.json").write_text('{"mine": 1}')
+    monkeypatch.chdir(tmp_path.parent)  # --out as a user gives it: a relative folder
+    monkeypatch.setenv("COLUMNS", "80")
     rc = main(["run", "--model", "gpt-tiny", "--schedules", "full", "--frameworks", "torch", "--repeats", "1",
-               "--no-progress", "--out", str(tmp_path)])
+               "--no-progress", "--out", tmp_path.name])
     assert rc == 0
     kept = list((tmp_path / "previous").glob("*/report.json"))
     assert len(kept) == 1 and kept[0].read_text() == '{"mine": 1}'
+    printed = capsys.readouterr()
+    lines = (printed.out + printed.err).splitlines()
+    assert max(map(len, lines)) <= 80, [x for x in lines if len(x) > 80]  # the notice folds to the terminal's width, as the tables do
+    notice = " ".join(printed.err.split())
+    assert f"previous report kept in {tmp_path.name}/previous/{kept[0].parent.name} (use --overwrite" in notice
     assert (tmp_path / "report.json").stat().st_mode & 0o044 == 0o044  # readable by others, not 0600
     assert json.loads((tmp_path / "report.json").read_text())["schema"] == SCHEMA_VERSION
 
