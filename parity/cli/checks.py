@@ -23,7 +23,6 @@ from parity.runners.framework import FRAMEWORK_NAMES, check_frameworks, get_fram
 from parity.report.files import OutDirBusy, OutDirLock, WriteError
 from parity.checks.verdict import report_passed
 from parity.report.suite_report import OutputDirError, prepare_out_dir, print_tables, writable_dir, write_report
-from parity.report.terminal import terminal_width
 
 EXIT_INTERRUPTED = 130
 T = TypeVar("T")
@@ -35,9 +34,9 @@ def error(console, message: str) -> None:
 
 
 def note(console, message: str, style: str | None = None) -> None:
-    """Print ``message`` as plain text, optionally in one style, each line longer than the terminal
-    (:func:`parity.report.terminal.terminal_width`) folded between words: a path or an option stays whole."""
-    width = terminal_width()
+    """Print ``message`` as plain text, optionally in one style, each line longer than ``console``'s width
+    folded between words: a path or an option stays whole."""
+    width = console.width
     lines = [textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) if len(line) > width else line
              for line in str(message).split("\n")]
     console.print(Text("\n".join(lines), style=style or ""))

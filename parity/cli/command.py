@@ -31,6 +31,7 @@ from rich.console import Console
 from parity.cli import checks as cc
 from parity.report.files import OutDirLock, WriteError
 from parity.report.suite_report import OutputDirError
+from parity.report.terminal import terminal_width
 
 T = TypeVar("T")
 
@@ -46,8 +47,10 @@ class CommandExit(Exception):
 
 
 def make_console() -> Console:
-    """The console every command prints its messages on (standard error, plain text, no wrapping)."""
-    return Console(stderr=True, soft_wrap=True, highlight=False)
+    """The console every command prints its messages on: standard error, plain text; rich wraps nothing
+    (an ``error:`` stays one line) and :func:`parity.cli.checks.note` folds notes to its width
+    (:func:`parity.report.terminal.terminal_width` of standard error)."""
+    return Console(stderr=True, soft_wrap=True, highlight=False, width=terminal_width(stderr=True))
 
 
 def fail(console, message) -> None:

@@ -65,7 +65,7 @@ def add_parser(sub) -> None:
     """Register the ``plan`` subcommand on an argparse subparsers object."""
     p = sub.add_parser("plan", help="the planner's plan for a memory budget, measured in JAX and PyTorch",
                        description="Plan the remat plan of least measured time (or recompute) within a budget of peak activation memory, "
-                       "run it beside none and the best uniform plan in JAX and PyTorch, and write plan.json/plan.md.")
+                       "run it beside none and the best uniform plan in JAX and PyTorch, and write plan.json, plan.md and report.html.")
     p.add_argument("--budget", default="50%",
                    help="the budget: a percentage of none's measured peak activation bytes (50%%) or bytes with a "
                    "unit (12MiB, 800KB); several, comma-separated (default: 50%%)")

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--frameworks", default=",".join(FRAMEWORK_NAMES),
                      help=f"comma-separated subset of {','.join(FRAMEWORK_NAMES)} (default: all)")
     run.add_argument("--out", default="parity-report",
-                     help="output directory for report.json and report.md (default: parity-report/); a previous "
+                     help="output directory for report.json, report.md and report.html (default: parity-report/); a previous "
                      "report there is moved to previous/<timestamp>/ unless --overwrite")
     run.add_argument("--overwrite", action="store_true", help="replace a previous report in --out instead of keeping it (--suite distributed also "
                      "removes the distributed/ folder its previous run wrote, never one it did not write)")

@@ -36,14 +36,14 @@ NAME_BREAKS = "+,"
 _PIECE = re.compile(r"[^+,]*[+,]|[^+,]+$")
 
 
-def terminal_width() -> int:
-    """The width output should fit: ``COLUMNS`` when set to a positive integer, else the terminal's, else
-    :data:`DEFAULT_WIDTH`."""
+def terminal_width(stderr: bool = False) -> int:
+    """The width output should fit: ``COLUMNS`` when set to a positive integer, else the width of the terminal
+    standard output is (standard error with ``stderr``), else :data:`DEFAULT_WIDTH`."""
     text = os.environ.get("COLUMNS", "")
     if text.isdigit() and int(text) > 0:
         return int(text)
-    probe = Console()
-    return probe.width if probe.is_terminal else DEFAULT_WIDTH
+    probe = Console(stderr=stderr)
+    return probe.width if probe.is_terminal and probe.width > 0 else DEFAULT_WIDTH  # rich reads COLUMNS=0 as 0
 
 
 def terminal_console(wide: bool = False) -> Console:

@@ -9,6 +9,8 @@ import re
 import pytest
 from rich.console import Console
 
+from parity.cli import checks
+from parity.cli.command import make_console
 from parity.report.plan_report import COLUMNS as PLAN_COLUMNS
 from parity.report.plan_report import (COMPILED_COLUMNS, passed_line, print_compiled, print_summary,
                                        unfit_budgets)
@@ -128,6 +130,34 @@ def test_width_without_a_terminal_is_100_and_columns_wins(monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     assert terminal.terminal_width() == 80 and terminal.terminal_console(wide=True).width == terminal.WIDE_WIDTH
     assert isinstance(terminal.terminal_console(), Console)
+
+
+@pytest.mark.parametrize("columns", ["0", "abc", None])
+def test_messages_print_whatever_columns_says(monkeypatch, columns):
+    # rich alone reads COLUMNS=0 as a width of 0 and printed no message at all, errors included
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert terminal.terminal_width(stderr=True) == terminal.DEFAULT_WIDTH  # pytest's standard error is no terminal
+    console = make_console()
+    console.file = io.StringIO()
+    checks.error(console, "--frameworks: 'torch' listed twice; list each once")
+    checks.note(console, "wrote " + ", ".join(f"parity-report/{f}" for f in ("report.json", "report.md", "report.html")))
+    assert console.file.getvalue().splitlines() == [
+        "error: --frameworks: 'torch' listed twice; list each once",
+        "wrote parity-report/report.json, parity-report/report.md, parity-report/report.html"]
+
+
+def test_notes_fold_to_their_consoles_width_between_words_and_errors_stay_one_line():
+    console = Console(width=40, file=io.StringIO(), highlight=False, soft_wrap=True)  # as make_console()
+    path = "parity-report/previous/20261205T184014136212Z"
+    notice = f"previous report kept in {path} (use --overwrite to replace it instead)"
+    checks.note(console, notice + "\nshort line")
+    checks.error(console, notice)
+    lines = console.file.getvalue().splitlines()
+    assert lines[:-1] == ["previous report kept in", path, "(use --overwrite to replace it instead)", "short line"]
+    assert lines[-1] == f"error: {notice}"  # one line, whatever the width
 
 
 @pytest.mark.parametrize("columns", [100, 80])
