@@ -35,6 +35,9 @@ recompute FLOPs of one block apart.
 
 from __future__ import annotations
 
+# Deferred imports: torch.distributed's memory tracker (which loads torch._dynamo and torch._inductor, 0.86 s of
+# `import torchref`) loads only when tracker="memtracker" measures a step.
+
 import contextlib
 import dataclasses
 import functools
@@ -47,7 +50,6 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
@@ -200,6 +202,8 @@ def estimate_step(build: Callable[[], tuple[nn.Module, tuple]], plan: "str | Rem
 
 
 def _memtracker_step(module, opt, plan, inputs, loss, device) -> tuple[dict, int]:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
     mt = MemTracker()
     mt.track_external(module, *([opt] if opt is not None else []))
     with mt:

@@ -8,10 +8,14 @@ halves (:mod:`parity.runners.torch_stress`) and the reference (:mod:`torchref`).
 
 from __future__ import annotations
 
+# Deferred imports: torchref.compiled loads torch._dynamo and torch._inductor (~1.3 s); only the compiler-budget
+# points (`python -m parity plan --frontier`) use it, so every other PyTorch run starts without them.
+
 import dataclasses
 import os
 
 import numpy as np
+
 import torch
 
 from jaxremat.models import TransformerConfig, init_params
@@ -19,8 +23,6 @@ from jaxremat.spec.option_time import time_rounds
 from jaxremat.spec.plan import RematPlan
 from jaxremat.spec.policies import Policy
 from torchref.block_memory import block_saved
-from torchref.compiled import measure_compiled
-from torchref.compiled_random import compiled_problem
 from torchref.encoder import Encoder
 from torchref.model import GPT
 from torchref.block_time import timed_chain
@@ -227,6 +229,9 @@ class TorchFramework:
         their bound of eager ``none`` gets the reason as its ``error``
         (:func:`torchref.compiled_random.compiled_problem`), and a point that raises is recorded with its
         ``error``; the others still run."""
+        from torchref.compiled import measure_compiled
+        from torchref.compiled_random import compiled_problem
+
         points = []
         for frac in fractions:
             try:
