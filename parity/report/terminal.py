@@ -112,7 +112,3 @@ def name_table(console: Console, title: str, headers: Sequence[str], rows: Seque
     # the width that cuts nothing and folds the fewest lines (narrower names leave the other columns more room);
     # of equals, the widest
     return table(-min(fits)[1] if fits else lo)[0]
-    while lo < hi:  # the widest width that cuts nothing (narrower names leave the other columns more room)
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if uncut(mid) else (lo, mid - 1)
-    return table(lo)[0]

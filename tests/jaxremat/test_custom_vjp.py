@@ -52,8 +52,16 @@ def dense_gelu_op(optimize_remat: bool = False, effect: bool = False):
 
 
 OPS = {key: dense_gelu_op(*key) for key in [(False, False), (True, False), (True, True)]}
-W = jax.random.normal(jax.random.key(0), (N, D, D)) * 0.3
-X = jax.random.normal(jax.random.key(1), (B, D))
+# The stacked weights and the input, set by ``_module_arrays`` when the module's first test runs, not at import:
+# every xdist worker imports (collects) every test module, and drawing them compiles JAX's normal sampler per shape.
+W = X = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_arrays():
+    global W, X
+    W = jax.random.normal(jax.random.key(0), (N, D, D)) * 0.3
+    X = jax.random.normal(jax.random.key(1), (B, D))
 
 
 def loss(schedule, method="reverse_loop", choice="recompute", policy=None, op=(False, False), combine="add"):

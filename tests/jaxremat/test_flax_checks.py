@@ -69,7 +69,7 @@ def test_unstacked_nnx_block_is_one_clear_error(batch, make):
                                     (D, lambda r: NormBlock(rngs=r))], ids=["square-N=D", "raw-params", "layernorm"])
 def test_stacked_stacks_still_run_and_equal_a_loop(n, make):
     """Op by op (a scan runs its body as a loop then), layer i reads slice i: the same bits as a loop."""
-    stack, x = stacked(make, n), jax.random.normal(jax.random.key(1), (D, D))
+    stack, x = stacked(make, n), jnp.asarray(np.random.default_rng(1).standard_normal((D, D), np.float32))
     graphdef, state = nnx.split(stack)
     with jax.disable_jit():
         y = remat_stack(stack, x, "full")

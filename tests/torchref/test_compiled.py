@@ -10,7 +10,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-import torch._inductor.config
 from torch.utils.flop_counter import FlopCounterMode
 
 from jaxremat.models.params import init_params
@@ -19,15 +18,26 @@ from jaxremat.spec.plan import parse_plan
 from parity.runners.framework import get_framework
 from parity.checks.compare import compare_bitwise
 from parity.inputs.presets import get_preset
-from parity.experiments.compiled_budget import main
-from torchref.compiled import BACKENDS, compiled_problem, measure_compiled
-from torchref.compiled_random import check_compiled_grads, compile_backend, max_ulp_distance
 from torchref.memory import SavedActivationRecorder
 from torchref.model import GPT
 from torchref.render import model_loss
 
 PRESET = get_preset("gpt-tiny")
 CFG = PRESET.config
+
+# torch.compile's modules (torch._dynamo, torch._inductor: ~1.3 s of imports), imported by ``_compiled_modules`` when
+# the module's first test runs, not at import: every xdist worker imports (collects) every test module.
+main = BACKENDS = compiled_problem = measure_compiled = check_compiled_grads = compile_backend = None
+max_ulp_distance = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compiled_modules():
+    global main, BACKENDS, compiled_problem, measure_compiled, check_compiled_grads, compile_backend, max_ulp_distance
+    import torch._inductor.config  # noqa: F401  (torch._inductor.config.patch below)
+    from parity.experiments.compiled_budget import main
+    from torchref.compiled import BACKENDS, compiled_problem, measure_compiled
+    from torchref.compiled_random import check_compiled_grads, compile_backend, max_ulp_distance
 
 
 @pytest.fixture(scope="module")
