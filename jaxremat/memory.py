@@ -22,6 +22,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 from jax._src import ad_checkpoint as _ad_checkpoint
+from jax._src import api_util as _api_util
 from jax._src import core as _core
 
 from .scan_params import scan_layout
@@ -156,9 +157,16 @@ def _sub_jaxpr_outputs(eqn, ins: list[bool]) -> list[bool]:
 _TAG_PASS_THROUGH = frozenset({"add", "add_any", "convert_element_type", "reduce_precision"})
 
 
-def _argument_flags(fn: Callable, args: tuple) -> list[tuple[Any, bool, str | None]]:
+def _described(fn: Callable, args: tuple, jaxpr: _core.Jaxpr, outvars: list) -> list[tuple[Any, str]]:
+    """(aval, description) per residual: JAX's ``saved_residuals`` on the jaxpr :func:`_residual_jaxpr` traced
+    (the public helper traces ``vjp(fn)`` the same way; one trace serves both lists)."""
+    debug = _api_util.debug_info("saved_residuals", fn, args, {})
+    restricted = jaxpr.replace(outvars=outvars, debug_info=debug._replace(result_paths=None))
+    return _ad_checkpoint._saved_residuals(restricted, debug.arg_names or ("unknown",) * len(jaxpr.invars))
+
+
+def _argument_flags(jaxpr: _core.Jaxpr, outvars: list) -> list[tuple[Any, bool, str | None]]:
     """(aval, is_argument, name) per residual, in the order JAX's ``_saved_residuals`` lists them."""
-    jaxpr, outvars = _residual_jaxpr(fn, args)
     subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive.name == "reduce_precision"}
     literals = [v for v in outvars if isinstance(v, _core.Literal)]
     res_vars = {subst.get(v, v) for v in outvars if not isinstance(v, _core.Literal)}
@@ -216,10 +224,12 @@ def saved_residuals(fn: Callable, *args) -> list[ResidualRecord]:
             (the private JAX helper changed).
 
     Source: ``jax._src.ad_checkpoint.saved_residuals`` (behind
-    ``jax.ad_checkpoint.print_saved_residuals``).
+    ``jax.ad_checkpoint.print_saved_residuals``): its tracing of ``jax.vjp(fn)`` and its descriptions
+    (``_saved_residuals``), on one trace that the argument flags read too.
     """
-    described = _ad_checkpoint.saved_residuals(fn, *args)
-    flags = _argument_flags(fn, args)
+    jaxpr, outvars = _residual_jaxpr(fn, args)  # traced once: for JAX's descriptions and for the flags
+    described = _described(fn, args, jaxpr, outvars)
+    flags = _argument_flags(jaxpr, outvars)
     if len(described) != len(flags) or any(
         tuple(a.shape) != tuple(b[0].shape) for (a, _), b in zip(described, flags)
     ):
