@@ -9,14 +9,22 @@ import numpy as np
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="transformers is a dev extra: pip install -e '.[dev]'")
+from jaxremat.models import TransformerConfig
+from parity.inputs.checkpoints import load_hf_checkpoint
+from parity.checks.compare import tolerance_for
+from parity.checks.peer import peer_checks
+from torchref.encoder import Encoder
+from torchref.model import GPT
 
-from jaxremat.models import TransformerConfig  # noqa: E402
-from parity.inputs.checkpoints import load_hf_checkpoint  # noqa: E402
-from parity.checks.compare import tolerance_for  # noqa: E402
-from parity.checks.peer import peer_checks  # noqa: E402
-from torchref.encoder import Encoder  # noqa: E402
-from torchref.model import GPT  # noqa: E402
+# Imported by ``_transformers`` when the module's first test runs, not at import: every xdist worker imports
+# (collects) every test module, and importing transformers takes ~0.9 s.
+transformers = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformers():
+    global transformers
+    transformers = pytest.importorskip("transformers", reason="transformers is a dev extra: pip install -e '.[dev]'")
 
 
 def _perturbed(model):

@@ -4,15 +4,20 @@ of a tiny random encoder, through PyTorch's ``peer_step_rows`` verb."""
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers", reason="transformers is a dev extra: pip install -e '.[dev]'")
+import parity.checks.peer
+from jaxremat.models import TransformerConfig, init_params
+from parity.checks.compare import tolerance_for
+from parity.inputs.checkpoints import canonical_to_hf
+from parity.report.peer_report import PEER_STEP_COLUMNS, peer_step_markdown, peer_step_row
+from parity.runners.framework import get_framework
+from parity.runners.torch_peer import PEER_STEP_CHECK, STEP_VARIANTS, hf_checkpointing_peer
 
-import parity.checks.peer  # noqa: E402
-from jaxremat.models import TransformerConfig, init_params  # noqa: E402
-from parity.checks.compare import tolerance_for  # noqa: E402
-from parity.inputs.checkpoints import canonical_to_hf  # noqa: E402
-from parity.report.peer_report import PEER_STEP_COLUMNS, peer_step_markdown, peer_step_row  # noqa: E402
-from parity.runners.framework import get_framework  # noqa: E402
-from parity.runners.torch_peer import PEER_STEP_CHECK, STEP_VARIANTS, hf_checkpointing_peer  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformers():
+    """Skip the module without transformers; checked when its first test runs, not at import (every xdist worker
+    imports every test module, and importing transformers takes ~0.9 s)."""
+    pytest.importorskip("transformers", reason="transformers is a dev extra: pip install -e '.[dev]'")
 
 CFG = TransformerConfig(arch="bert", vocab_size=50, n_layer=3, d_model=32, n_head=4, d_ff=64, max_seq_len=16,
                         layer_norm_eps=1e-12, dropout=0.1)
