@@ -15,7 +15,6 @@ import dataclasses
 import os
 
 import numpy as np
-
 import torch
 
 from jaxremat.models import TransformerConfig, init_params
