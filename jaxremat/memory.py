@@ -24,6 +24,7 @@ import numpy as np
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import api_util as _api_util
 from jax._src import core as _core
+from jax._src import source_info_util as _source_info_util
 
 from .scan_params import scan_layout
 from .tags import tag_name
@@ -71,6 +72,12 @@ class ResidualRecord:
     is_argument: bool
     name: str | None = None
     memory: str = "device"
+
+
+# This file's tracing wrappers (``flat_fn`` and the ``vjp`` lambda of :func:`_residual_jaxpr`) are not the user's
+# code: a residual's description names the first frame outside JAX and this file, as JAX's own helper, whose
+# wrappers live in JAX, names it (``"output of cos from "`` when ``fn`` is ``jnp.sin`` itself).
+_source_info_util.register_exclusion(__file__)
 
 
 def _residual_jaxpr(fn: Callable, args: tuple) -> tuple[_core.Jaxpr, list]:

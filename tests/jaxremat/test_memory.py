@@ -31,6 +31,14 @@ def test_records_describe_shape_dtype_bytes_and_arguments():
     assert saved_activation_bytes(fn, w, jnp.ones((2, 3))) == 32
 
 
+def test_descriptions_never_name_the_tracing_wrappers():
+    """A residual made by JAX's own code (``fn`` is ``jnp.sin`` itself) names no frame of jaxremat.memory, whose
+    wrappers trace ``vjp(fn)``: the description is the one ``jax.ad_checkpoint.print_saved_residuals`` gives."""
+    recs = saved_residuals(jnp.sin, jnp.ones(3)) + saved_residuals(jax.jit(lambda x: jnp.sin(x).sum()), jnp.ones(3))
+    assert recs and not [r.description for r in recs if "memory.py" in r.description]
+    assert recs[0].description.startswith("output of cos from")
+
+
 def test_parameter_views_count_as_arguments(tiny):
     """A segment's parameter slice (split/reshape of an argument), ``wte.T``, or a LayerNorm weight
     broadcast to (1, 1, D) (also stacked per layer by a scan) is not an activation."""
