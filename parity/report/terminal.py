@@ -93,7 +93,9 @@ def name_table(console: Console, title: str, headers: Sequence[str], rows: Seque
 
     Each way to break the names is tried once, at the width of its longest line: a wider column would hold the
     same lines and only take room from the other columns. (Trying every width from the longest piece to the
-    longest name printed the table ~70 times for ``plan --frontier``'s table, 1.4 s.)"""
+    longest name printed the table ~70 times for ``plan --frontier``'s table, 1.4 s.) Only when none of those
+    fits are the other widths tried: a name-column header word longer than every such line, or names of
+    double-width characters (their lines take more columns than characters)."""
     names = {row[i] for row in rows for i in name_columns}
     floor = max((len(p) for n in names for p in name_pieces(n)), default=1)
     words = {w for h in headers for w in h.split()} | {w for row in rows for i, c in enumerate(row)
@@ -118,6 +120,8 @@ def name_table(console: Console, title: str, headers: Sequence[str], rows: Seque
     tight = sorted({max((len(line) for n in names for line in break_name(n, w).split("\n")), default=lo)
                     for w in range(lo, hi + 1)})
     fits = [(lines, -w) for w in tight for ok, lines in [printed(w)] if ok]
+    if not fits:  # wider than its longest line: a header word longer than it, or double-width characters, need it
+        fits = [(lines, -w) for w in range(lo, hi + 1) if w not in tight for ok, lines in [printed(w)] if ok]
     # the breaks that cut nothing and fold the fewest lines (narrower names leave the other columns more room);
     # of equals, the longest lines
     return table(-min(fits)[1] if fits else lo)[0]

@@ -87,6 +87,17 @@ def test_run_table_breaks_plan_names_after_plus_or_comma_only(monkeypatch, colum
     assert all(any(piece in w for w in words) for piece in terminal.name_pieces(long))  # not "2:s" then "tore)"
 
 
+def test_a_header_word_longer_than_every_break_keeps_the_name_column_wide_enough():
+    """The name column's header word (12 characters) is longer than either way to break the name (its lines are 8
+    and 10, or 19 characters whole): a width between them keeps the header whole."""
+    console = Console(width=34, file=io.StringIO())
+    table = terminal.name_table(console, "t", ["plan_names_x", "status"], [["cdefghij+klmnopqrst", "a_long_status_word"]],
+                                [0])
+    probe = Console(width=34, file=io.StringIO(), color_system=None)
+    probe.print(table)
+    assert "plan_names_x" in probe.file.getvalue().split(), probe.file.getvalue()
+
+
 def test_break_name_breaks_after_plus_or_comma_only():
     name = "plan(1+save_nothing,2*2+save_qkv_proj,1:store)"
     assert terminal.name_pieces(name) == ["plan(1+", "save_nothing,", "2*2+", "save_qkv_proj,", "1:store)"]
