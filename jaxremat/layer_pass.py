@@ -53,6 +53,7 @@ from jax.extend.core.primitives import remat_p
 from .isolation import ONCE_SCOPE, isolate, predicate, run_time_true, runs_once, tie
 from .same_program import batched_with, bind_eqn, has_effects, hoist_constants, round_saveable, run_time
 from .slice_order import alive, eval_slicing_late, take
+from .tags import tag_aware
 
 # isolation and slice_order names re-exported: docs and callers name them as jaxremat.layer_pass.*
 __all__ = ["ONCE_SCOPE", "LayerProgram", "Pullback", "alive", "differentiated_policy", "isolate", "predicate", "rebuild",
@@ -252,7 +253,7 @@ class LayerProgram:
         jaxpr = self.jaxpr
         n_in, n_out = len(jaxpr.invars), len(jaxpr.outvars)
         known, staged, _, _, n_res = pe.partial_eval_jaxpr_custom(
-            jaxpr, [False] * n_in, [True] * n_in, [True] * n_out, [True] * n_out, policy)
+            jaxpr, [False] * n_in, [True] * n_in, [True] * n_out, [True] * n_out, tag_aware(policy))
         residuals = list(known.outvars[len(known.outvars) - n_res:])
         staged, used = pe.dce_jaxpr(staged, [carry_out or k >= self.n_cy for k in range(n_out)], instantiate=False)
         self.saved_vars = [v for v, u in zip(residuals, used[:n_res]) if u]

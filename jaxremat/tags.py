@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import jax.extend.core
 from jax.extend.core.primitives import name_p
 
-__all__ = ["ask_policy", "sub_jaxprs", "tag_name"]
+__all__ = ["ask_policy", "sub_jaxprs", "tag_aware", "tag_name"]
 
 _REMAT3_TAGS = ("CheckpointName", "CheckpointNameFwd")
 
@@ -46,6 +46,23 @@ def sub_jaxprs(eqn: Any) -> Iterator[Any]:
     inner = getattr(op, "params", {}).get("jaxpr") if op is not None else None
     if inner is not None:
         yield getattr(inner, "jaxpr", inner)
+
+
+def tag_aware(policy: Callable) -> Callable:
+    """``policy`` as the ``saveable`` of ``partial_eval_jaxpr_custom``, asked about a tag as ``jax.checkpoint`` asks.
+
+    Under ``jax_remat3`` a tag is a ``call_hi_primitive`` equation, and ``partial_eval_jaxpr_custom`` hands the
+    policy that primitive and its ``_prim`` parameter; a name policy (``save_only_these_names``) answers False
+    to it, so the tag was never kept (jax 0.12.0.1). Asked ``policy(name_p, *avals, name=...)`` instead, as
+    ``CheckpointName.remat`` asks it inside ``jax.checkpoint``.
+    """
+    def saveable(prim, *avals, **params):
+        op = params.get("_prim") if prim.name == "call_hi_primitive" else None
+        if type(op).__name__ in _REMAT3_TAGS:
+            return policy(name_p, *avals, name=op.params["name"])
+        return policy(prim, *avals, **params)
+
+    return saveable
 
 
 def ask_policy(policy: Callable, eqn: Any) -> Any:
