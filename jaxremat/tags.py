@@ -29,14 +29,17 @@ def _hi_op(eqn: Any) -> Any:
     return eqn.params.get("_prim") if eqn.primitive.name == "call_hi_primitive" else None
 
 
+def _tag(prim: Any, params: dict) -> str | None:
+    """The tag an equation of ``prim`` with ``params`` applies: ``name_p``'s, or ``jax_remat3``'s ``CheckpointName``."""
+    if prim.name == "name":
+        return params["name"]
+    op = params.get("_prim") if prim.name == "call_hi_primitive" else None
+    return op.params["name"] if type(op).__name__ in _REMAT3_TAGS else None
+
+
 def tag_name(eqn: Any) -> str | None:
     """The ``checkpoint_name`` tag ``eqn`` applies (``"mlp"``), or None when it is not a tag."""
-    if eqn.primitive.name == "name":
-        return eqn.params["name"]
-    op = _hi_op(eqn)
-    if type(op).__name__ in _REMAT3_TAGS:
-        return op.params["name"]
-    return None
+    return _tag(eqn.primitive, eqn.params)
 
 
 def sub_jaxprs(eqn: Any) -> Iterator[Any]:
@@ -57,17 +60,12 @@ def tag_aware(policy: Callable) -> Callable:
     ``CheckpointName.remat`` asks it inside ``jax.checkpoint``.
     """
     def saveable(prim, *avals, **params):
-        op = params.get("_prim") if prim.name == "call_hi_primitive" else None
-        if type(op).__name__ in _REMAT3_TAGS:
-            return policy(name_p, *avals, name=op.params["name"])
-        return policy(prim, *avals, **params)
+        name = _tag(prim, params)
+        return policy(prim, *avals, **params) if name is None else policy(name_p, *avals, name=name)
 
     return saveable
 
 
 def ask_policy(policy: Callable, eqn: Any) -> Any:
     """``policy``'s answer for ``eqn``, a tag asked as ``jax.checkpoint`` asks it under either flag."""
-    name = tag_name(eqn)
-    if name is not None:
-        return policy(name_p, *[v.aval for v in eqn.invars], name=name)
-    return policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
+    return tag_aware(policy)(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)

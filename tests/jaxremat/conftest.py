@@ -84,6 +84,20 @@ def run_case(name: str, schedule, mode: str, dropout: float = 0.0, dtype: str = 
         return np.asarray(loss), {k: np.asarray(v) for k, v in grads.items()}
 
 
+@functools.lru_cache(maxsize=None)
+def _stack_inputs(n: int, d: int, b: int):
+    return jax.random.normal(jax.random.key(0), (n, d, d)) * 0.3, jax.random.normal(jax.random.key(1), (b, d))
+
+
+@pytest.fixture(scope="session")
+def stack_inputs():
+    """``(n, d, b) -> (weights (n, d, d) * 0.3, input (b, d))``, float32 normal draws of keys 0 and 1, once per shape.
+
+    A fixture, so a module draws them when its first test runs, not at import: every xdist worker imports
+    (collects) every test module, and drawing compiles JAX's normal sampler per shape."""
+    return _stack_inputs
+
+
 @pytest.fixture(scope="session")
 def bits():
     return _Bits

@@ -52,16 +52,13 @@ def dense_gelu_op(optimize_remat: bool = False, effect: bool = False):
 
 
 OPS = {key: dense_gelu_op(*key) for key in [(False, False), (True, False), (True, True)]}
-# The stacked weights and the input, set by ``_module_arrays`` when the module's first test runs, not at import:
-# every xdist worker imports (collects) every test module, and drawing them compiles JAX's normal sampler per shape.
-W = X = None
+W = X = None  # the stacked weights and the input, set when the module's first test runs (stack_inputs)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _module_arrays():
+def _module_arrays(stack_inputs):
     global W, X
-    W = jax.random.normal(jax.random.key(0), (N, D, D)) * 0.3
-    X = jax.random.normal(jax.random.key(1), (B, D))
+    W, X = stack_inputs(N, D, B)
 
 
 def loss(schedule, method="reverse_loop", choice="recompute", policy=None, op=(False, False), combine="add"):

@@ -22,16 +22,13 @@ from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec.policies import POLICIES
 
 N, B, D = 4, 3, 8
-# The stacked weights and the input, set by ``_module_arrays`` when the module's first test runs, not at import:
-# every xdist worker imports (collects) every test module, and drawing them compiles JAX's normal sampler per shape.
-WS = X = None
+WS = X = None  # the stacked weights and the input, set when the module's first test runs (stack_inputs)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _module_arrays():
+def _module_arrays(stack_inputs):
     global WS, X
-    WS = jax.random.normal(jax.random.key(0), (N, D, D)) * 0.3
-    X = jax.random.normal(jax.random.key(1), (B, D))
+    WS, X = stack_inputs(N, D, B)
 
 
 def untagged(w, x, _):
