@@ -3,7 +3,6 @@
 import functools
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from jaxremat.encoder_reverse_loop import reverse_loop_value_and_grad
 from jaxremat.spec import every_k, full, none, segments, sqrt
 from jaxremat.models import TransformerConfig, init_params
 from jaxremat.spec.names import ACTIVATION_NAMES
+from jaxremat.tags import sub_jaxprs, tag_name
 from parity.checks.compare import compare_bitwise
 
 CFG = TransformerConfig(arch="bert", vocab_size=64, n_layer=4, d_model=16, n_head=2, d_ff=32, max_seq_len=8,
@@ -118,11 +118,11 @@ def test_encoder_tags_every_activation_name():
     jaxpr = jax.make_jaxpr(lambda p: encoder.loss_fn(p, _tokens(), CFG, none))(_params())
     names = set()
 
-    def walk(jx):
+    def walk(jx):  # read with jaxremat.tags, so either value of jax_remat3 is read
         for eqn in jx.eqns:
-            if eqn.primitive.name == "name":
-                names.add(eqn.params["name"])
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            if tag_name(eqn) is not None:
+                names.add(tag_name(eqn))
+            for sub in sub_jaxprs(eqn):
                 walk(sub)
 
     walk(jaxpr.jaxpr)

@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import jax.extend
 from jax import lax
 
 from jaxremat.memory import saved_residuals
 from jaxremat.ops import batched_matmul, gelu, layer_norm, masked_softmax
 from jaxremat.render import remat_scan
+from jaxremat.tags import sub_jaxprs
 
 RTOL = {"float32": 2e-6, "float64": 1e-13}
 
@@ -122,7 +122,7 @@ def _runs(jaxpr, op: str) -> int:
     n = 0
     for eqn in jaxpr.eqns:
         n += eqn.primitive.name == op
-        subs = [j.jaxpr if hasattr(j, "jaxpr") else j for j in jax.extend.core.jaxprs_in_params(eqn.params)]
+        subs = [j.jaxpr if hasattr(j, "jaxpr") else j for j in sub_jaxprs(eqn)]  # jax_remat3's regions too
         if eqn.primitive.name == "cond":
             n += max(_runs(j, op) for j in subs)
         else:
