@@ -27,6 +27,11 @@ reads. Measured on XLA:CPU, jax 0.10.2, N=4, block ``h + op(h, w)`` with ``fwd``
   forward pass computed it as one fused multiply-add, and that layer's gradient moves (below 1e-7
   of its largest entry: 4 ULP at B=2, D=8; 576 ULP at B=D=128). Under ``nested`` schedules the policy applies to the inner
   segments, as every policy does, so the outer recompute runs ``fwd`` once more.
+* Under JAX's ``jax_remat3`` flag, ``jax.checkpoint`` runs an op's primal in a checkpointed forward
+  pass and its ``fwd`` in the recompute (as ``optimize_remat=True`` does without it), so nothing of
+  the rule is kept there: ``"save"`` through ``jax.checkpoint`` is refused by
+  :func:`jaxremat.render.remat_scan`; the reverse loop keeps the rule's outputs as above
+  (docs/usage.md, "JAX versions").
 
 The tags are put in by rewriting the block's jaxpr: each ``custom_vjp_call`` equation (also inside
 ``jit``, ``scan``, ``cond`` and ``checkpoint`` sub-programs of the block; not inside a

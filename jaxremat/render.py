@@ -220,7 +220,10 @@ def remat_scan(
             checkpointed segment of a segment plan names its own
             (:func:`jaxremat.spec.plan.check_default_policy`), or a plan that names a policy
             given together with ``policy=``, or a policy in the default rendering with JAX's
-            ``jax_remat3`` flag on under JAX < 0.11 (wrong gradients measured there).
+            ``jax_remat3`` flag on under JAX < 0.11 (wrong gradients measured there), or
+            ``custom_vjp_residuals="save"`` with ``jax.checkpoint`` segments (``method="checkpoint"``, or a
+            stack of one layer) and ``jax_remat3`` on: JAX then runs each rule's primal, not its ``fwd``, in a
+            checkpointed forward pass, so there are no residuals to keep (JAX 0.10.2 and 0.12.0.1 measured).
 
     Warns:
         RematPolicyWarning: ``custom_vjp_residuals="save"`` on a block with no ``jax.custom_vjp`` op.
@@ -243,6 +246,8 @@ def remat_scan(
     policy_of = _segment_policies(jax_policy, save)
     if carry_sharding is not None:
         block_fn = _constrain_carry(block_fn, carry_sharding, with_outputs)
+    if save and method == "checkpoint":
+        _refuse_remat3_save(segments, n_layer)
     if method == "reverse_loop":
         if save:
             segments = _one_layer_segments(segments)
@@ -278,6 +283,19 @@ def _refuse_remat3_policy(per_segment) -> None:
         raise ValueError(f"remat_scan: a policy in the reverse segment loop under jax_remat3 gives wrong gradients on "
                          f"JAX {jax.__version__}; turn the flag off (jax.config.update('jax_remat3', False)), pass "
                          f"method='checkpoint', or use JAX >= 0.11")
+
+
+def _refuse_remat3_save(segments: tuple[Segment, ...], n_layer: int) -> None:
+    """Refuse ``custom_vjp_residuals="save"`` through ``jax.checkpoint`` under ``jax_remat3``: there a checkpointed
+    forward pass runs a ``custom_vjp``'s primal, not its ``fwd``, so nothing of the rule is kept and ``fwd``
+    runs in every recompute, as under ``"recompute"`` (docs/usage.md, "JAX versions")."""
+    if jax.config.jax_remat3 and any(seg.checkpointed for seg in segments):
+        way_out = "pass method='reverse_loop', " if n_layer > 1 and _jax_minor() >= (0, 11) else ""
+        one_layer = " (a stack of one layer runs jax.checkpoint under either method)" if n_layer == 1 else ""
+        raise ValueError(f"remat_scan: custom_vjp_residuals='save' keeps nothing through jax.checkpoint under "
+                         f"jax_remat3{one_layer}: JAX runs each custom_vjp's primal in the checkpointed forward pass, "
+                         f"not its fwd; {way_out}turn the flag off (jax.config.update('jax_remat3', False)), or pass "
+                         f"custom_vjp_residuals='recompute'")
 
 
 def _jax_minor() -> tuple[int, int]:

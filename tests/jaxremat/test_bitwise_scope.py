@@ -202,7 +202,11 @@ def test_closed_over_value_gradient_with_checkpoint_is_summed_per_segment_op_by_
     loop under every schedule (it adds them layer by layer, last layer first; the test above). The two
     orders round apart only for some inputs (seed 3 with jax 0.10.2, but not with jax 0.12.0.1, whose
     op-by-op kernels round the ``g_i`` differently), so the test takes the first of seeds 3.. where they
-    differ: there the identities below tell the two orders apart."""
+    differ: there the identities below tell the two orders apart.
+
+    Under ``jax_remat3`` (JAX 0.10.2 and 0.12.0.1) op by op the sum is the chain, none's bits (seeds 3..7),
+    though the traced program (``jax.make_jaxpr``) still starts each segment's sum from zero and under ``jit``
+    the gradient rounds apart as without the flag (the test above; docs/usage.md, "JAX versions")."""
     n, (ws, x, _) = N, _inputs()
 
     def layer(sc, w, h):
@@ -226,7 +230,8 @@ def test_closed_over_value_gradient_with_checkpoint_is_summed_per_segment_op_by_
         else:
             pytest.fail("the two summation orders gave the same bits for seeds 3..18; the test tells nothing apart")
         assert bits.equal(grad(scale, none, method="checkpoint"), chain)  # one scan: layer by layer
-        assert bits.equal(grad(scale, every_k(2), method="checkpoint"), per_segment)
+        expected = chain if jax.config.jax_remat3 else per_segment
+        assert bits.equal(grad(scale, every_k(2), method="checkpoint"), expected)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion emitters")
