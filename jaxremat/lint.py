@@ -212,14 +212,25 @@ def _policy_messages(policy: Any, schedule: Any, n_layer: int, where: str, jaxpr
     return []
 
 
-def _custom_vjp_message(where: str, jaxpr_of: Callable, checkpointed_layers: int) -> list[str]:
-    """The message for a block holding ``jax.custom_vjp`` ops under a plan that checkpoints."""
+def _custom_vjp_message(where: str, jaxpr_of: Callable, checkpointed_layers: int,
+                        through_checkpoint: bool) -> list[str]:
+    """The message for a block holding ``jax.custom_vjp`` ops under a plan that checkpoints.
+
+    ``through_checkpoint``: the stack runs ``jax.checkpoint`` (``method="checkpoint"``, or one layer); under
+    ``jax_remat3`` JAX then runs each op's primal in the forward pass and ``remat_scan`` refuses ``"save"``.
+    """
     traced = jaxpr_of()
     if traced is None or not checkpointed_layers:
         return []
     n_ops = sum(eqn.primitive.name == "custom_vjp_call" for eqn in _eqns(traced[0].jaxpr))
     if not n_ops:
         return []
+    if through_checkpoint and jax.config.jax_remat3:
+        return [f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan, with jax_remat3 on, each "
+                f"runs its primal in the forward pass and its forward rule (fwd) again in the recompute, per "
+                f"checkpointed layer ({checkpointed_layers} checkpointed); custom_vjp_residuals='save' keeps nothing "
+                "through jax.checkpoint under jax_remat3 (a stack of 2 or more layers keeps fwd's outputs with "
+                "method='reverse_loop')"]
     return [f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan the forward rule (fwd) of "
             f"each runs twice per checkpointed layer, in the forward pass and again in the recompute "
             f"({2 * checkpointed_layers} runs for {checkpointed_layers} checkpointed layers, with or without a "
@@ -269,7 +280,8 @@ def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: An
     for p in own or ([policy] if policy is not None else []):
         messages += _policy_messages(p, schedule, n_layer, where, jaxpr_of, no_effect=not own)
     if custom_vjp_residuals == "recompute":
-        messages += _custom_vjp_message(where, jaxpr_of, sum(s.length for s in segs if s.checkpointed))
+        messages += _custom_vjp_message(where, jaxpr_of, sum(s.length for s in segs if s.checkpointed),
+                                        method == "checkpoint" or n_layer == 1)
     for m in messages:
         warnings.warn(m, RematPolicyWarning, stacklevel=3)
     return messages

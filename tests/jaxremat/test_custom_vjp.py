@@ -369,3 +369,25 @@ def test_nnx_remat_stack_and_linen_pass_the_choice_on():
     assert count_named_runs(jax.grad(lin("save")), variables).get(FWD) == 4
     with pytest.warns(RematPolicyWarning, match="fwd.*runs twice per checkpointed layer"):
         assert count_named_runs(jax.grad(lin("recompute")), variables) == {FWD: 8}
+
+
+def test_one_layer_stack_under_jax_remat3_warns_of_the_primal_run_and_refuses_save():
+    """A stack of one layer runs ``jax.checkpoint``; with the flag on (toggled here) the lint names what JAX
+    runs there (the primal, then ``fwd`` in the recompute) and ``"save"`` is one clear error."""
+    @nnx.split_rngs(splits=1)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def build(rngs):
+        return _DenseGelu(rngs)
+
+    stack = build(nnx.Rngs(0))
+    previous = jax.config.jax_remat3
+    jax.config.update("jax_remat3", True)
+    try:
+        with pytest.warns(RematPolicyWarning, match="with jax_remat3 on, each runs its primal in the forward pass "
+                                                    "and its forward rule .fwd. again in the recompute"):
+            got = count_named_runs(jax.grad(lambda x: jnp.sum(remat_stack(stack, x, "full") ** 2)), X)
+        assert got == {PRIMAL: 1, FWD: 1}
+        with pytest.raises(ValueError, match=REFUSED):
+            jax.grad(lambda x: jnp.sum(remat_stack(stack, x, "full", custom_vjp_residuals="save") ** 2))(X)
+    finally:
+        jax.config.update("jax_remat3", previous)
