@@ -226,11 +226,12 @@ def _custom_vjp_message(where: str, jaxpr_of: Callable, checkpointed_layers: int
     if not n_ops:
         return []
     if through_checkpoint and jax.config.jax_remat3:
+        reverse_loop = (" (a stack of 2 or more layers keeps fwd's outputs with method='reverse_loop')"
+                        if jax.__version_info__ >= (0, 11) else "")
         return [f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan, with jax_remat3 on, each "
                 f"runs its primal in the forward pass and its forward rule (fwd) again in the recompute, per "
                 f"checkpointed layer ({checkpointed_layers} checkpointed); custom_vjp_residuals='save' keeps nothing "
-                "through jax.checkpoint under jax_remat3 (a stack of 2 or more layers keeps fwd's outputs with "
-                "method='reverse_loop')"]
+                f"through jax.checkpoint under jax_remat3{reverse_loop}"]
     return [f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan the forward rule (fwd) of "
             f"each runs twice per checkpointed layer, in the forward pass and again in the recompute "
             f"({2 * checkpointed_layers} runs for {checkpointed_layers} checkpointed layers, with or without a "
