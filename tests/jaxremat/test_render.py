@@ -302,8 +302,11 @@ def test_policy_in_the_reverse_loop_under_jax_remat3_is_refused_on_old_jax():
         jax.config.update("jax_remat3", previous)
 
 
-@pytest.mark.skipif(jax.__version_info__ < (0, 11), reason="jax 0.10's jax_remat3 with a policy is refused (above)")
-@pytest.mark.parametrize("remat3", [False, True], ids=["remat2", "remat3"])
+@pytest.mark.parametrize("remat3", [
+    pytest.param(False, id="remat2"),
+    pytest.param(True, id="remat3", marks=pytest.mark.skipif(jax.__version_info__ < (0, 11), reason=(
+        "remat_scan refuses a policy in the reverse loop under JAX 0.10's jax_remat3 "
+        "(test_policy_in_the_reverse_loop_under_jax_remat3_is_refused_on_old_jax)")))])
 def test_a_name_policy_keeps_its_tag_in_the_reverse_loop_under_either_flag(remat3):
     """Under ``jax_remat3`` a tag is a ``call_hi_primitive`` equation: the reverse loop asks the policy about it
     as ``jax.checkpoint`` does (``jaxremat.tags.tag_aware``), so ``save_names(mlp_hidden)`` keeps the tagged
