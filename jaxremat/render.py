@@ -279,7 +279,7 @@ def _refuse_remat3_policy(per_segment) -> None:
     """Refuse a policy in the reverse segment loop under ``jax_remat3`` on JAX < 0.11: measured wrong
     gradients op by op there (max relative error 1.66 at ``full+save_dots``; docs/usage.md, "JAX versions")."""
     policies = per_segment if isinstance(per_segment, tuple) else (per_segment,)
-    if any(p is not None for p in policies) and jax.config.jax_remat3 and _jax_minor() < (0, 11):
+    if any(p is not None for p in policies) and jax.config.jax_remat3 and jax.__version_info__ < (0, 11):
         raise ValueError(f"remat_scan: a policy in the reverse segment loop under jax_remat3 gives wrong gradients on "
                          f"JAX {jax.__version__}; turn the flag off (jax.config.update('jax_remat3', False)), pass "
                          f"method='checkpoint', or use JAX >= 0.11")
@@ -290,17 +290,12 @@ def _refuse_remat3_save(segments: tuple[Segment, ...], n_layer: int) -> None:
     forward pass runs a ``custom_vjp``'s primal, not its ``fwd``, so nothing of the rule is kept and ``fwd``
     runs in every recompute, as under ``"recompute"`` (docs/usage.md, "JAX versions")."""
     if jax.config.jax_remat3 and any(seg.checkpointed for seg in segments):
-        way_out = "pass method='reverse_loop', " if n_layer > 1 and _jax_minor() >= (0, 11) else ""
+        way_out = "pass method='reverse_loop', " if n_layer > 1 and jax.__version_info__ >= (0, 11) else ""
         one_layer = " (a stack of one layer runs jax.checkpoint under either method)" if n_layer == 1 else ""
         raise ValueError(f"remat_scan: custom_vjp_residuals='save' keeps nothing through jax.checkpoint under "
                          f"jax_remat3{one_layer}: JAX runs each custom_vjp's primal in the checkpointed forward pass, "
                          f"not its fwd; {way_out}turn the flag off (jax.config.update('jax_remat3', False)), or pass "
                          f"custom_vjp_residuals='recompute'")
-
-
-def _jax_minor() -> tuple[int, int]:
-    major, minor = jax.__version__.split(".")[:2]
-    return int(major), int(minor)
 
 
 def _constrain_carry(block_fn: Callable, sharding: Any, with_outputs: bool) -> Callable:

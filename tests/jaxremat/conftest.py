@@ -128,3 +128,11 @@ def default():
 @pytest.fixture(scope="session")
 def vg_jit():
     return value_and_grad_jit
+
+
+@pytest.fixture
+def remat3_flag():
+    """Set JAX's ``jax_remat3`` flag for one test: ``remat3_flag(True)``; its previous value is restored after it."""
+    previous = jax.config.jax_remat3
+    yield lambda on: jax.config.update("jax_remat3", on)
+    jax.config.update("jax_remat3", previous)

@@ -278,24 +278,20 @@ def test_optimize_remat_with_an_effect_in_fwd_is_not_recomputed_and_saves_more_t
     assert saved_activation_bytes(loss("none", "checkpoint", op=eff), W, X) == 9 * UNIT
 
 
-def test_save_through_jax_checkpoint_under_jax_remat3_is_one_clear_error():
+def test_save_through_jax_checkpoint_under_jax_remat3_is_one_clear_error(remat3_flag):
     """The flag toggled here, so the default run checks it too: ``method="checkpoint"`` and a stack of one
     layer are refused with the ways out; ``none`` (nothing checkpointed) and, on JAX >= 0.11, the reverse
     loop are not."""
-    previous = jax.config.jax_remat3
-    jax.config.update("jax_remat3", True)
-    try:
-        with pytest.raises(ValueError, match=REFUSED + r": JAX runs each custom_vjp's primal .* pass method='reverse_"
-                                                     r"loop', turn the flag off" if jax.__version_info__ >= (0, 11)
-                           else REFUSED):
-            jax.make_jaxpr(jax.grad(loss("full", "checkpoint", "save")))(W, X)
-        with pytest.raises(ValueError, match=REFUSED + r" \(a stack of one layer runs jax.checkpoint under either"):
-            jax.make_jaxpr(jax.grad(loss("full", "reverse_loop", "save")))(W[:1], X)
-        jax.make_jaxpr(jax.grad(loss("none", "checkpoint", "save")))(W, X)
-        if jax.__version_info__ >= (0, 11):
-            jax.make_jaxpr(jax.grad(loss("full", "reverse_loop", "save")))(W, X)
-    finally:
-        jax.config.update("jax_remat3", previous)
+    remat3_flag(True)
+    with pytest.raises(ValueError, match=REFUSED + r": JAX runs each custom_vjp's primal .* pass method='reverse_"
+                                                 r"loop', turn the flag off" if jax.__version_info__ >= (0, 11)
+                       else REFUSED):
+        jax.make_jaxpr(jax.grad(loss("full", "checkpoint", "save")))(W, X)
+    with pytest.raises(ValueError, match=REFUSED + r" \(a stack of one layer runs jax.checkpoint under either"):
+        jax.make_jaxpr(jax.grad(loss("full", "reverse_loop", "save")))(W[:1], X)
+    jax.make_jaxpr(jax.grad(loss("none", "checkpoint", "save")))(W, X)
+    if jax.__version_info__ >= (0, 11):
+        jax.make_jaxpr(jax.grad(loss("full", "reverse_loop", "save")))(W, X)
 
 
 @pytest.mark.parametrize("bad", ["keep", "Save", None, True])
@@ -371,7 +367,7 @@ def test_nnx_remat_stack_and_linen_pass_the_choice_on():
         assert count_named_runs(jax.grad(lin("recompute")), variables) == {FWD: 8}
 
 
-def test_one_layer_stack_under_jax_remat3_warns_of_the_primal_run_and_refuses_save():
+def test_one_layer_stack_under_jax_remat3_warns_of_the_primal_run_and_refuses_save(remat3_flag):
     """A stack of one layer runs ``jax.checkpoint``; with the flag on (toggled here) the lint names what JAX
     runs there (the primal, then ``fwd`` in the recompute) and ``"save"`` is one clear error."""
     @nnx.split_rngs(splits=1)
@@ -380,14 +376,10 @@ def test_one_layer_stack_under_jax_remat3_warns_of_the_primal_run_and_refuses_sa
         return _DenseGelu(rngs)
 
     stack = build(nnx.Rngs(0))
-    previous = jax.config.jax_remat3
-    jax.config.update("jax_remat3", True)
-    try:
-        with pytest.warns(RematPolicyWarning, match="with jax_remat3 on, each runs its primal in the forward pass "
-                                                    "and its forward rule .fwd. again in the recompute"):
-            got = count_named_runs(jax.grad(lambda x: jnp.sum(remat_stack(stack, x, "full") ** 2)), X)
-        assert got == {PRIMAL: 1, FWD: 1}
-        with pytest.raises(ValueError, match=REFUSED):
-            jax.grad(lambda x: jnp.sum(remat_stack(stack, x, "full", custom_vjp_residuals="save") ** 2))(X)
-    finally:
-        jax.config.update("jax_remat3", previous)
+    remat3_flag(True)
+    with pytest.warns(RematPolicyWarning, match="with jax_remat3 on, each runs its primal in the forward pass "
+                                                "and its forward rule .fwd. again in the recompute"):
+        got = count_named_runs(jax.grad(lambda x: jnp.sum(remat_stack(stack, x, "full") ** 2)), X)
+    assert got == {PRIMAL: 1, FWD: 1}
+    with pytest.raises(ValueError, match=REFUSED):
+        jax.grad(lambda x: jnp.sum(remat_stack(stack, x, "full", custom_vjp_residuals="save") ** 2))(X)

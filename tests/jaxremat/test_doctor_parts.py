@@ -56,14 +56,10 @@ def test_region_calls_count_recomputes_through_scans_and_loops():
     assert region_calls(traced.jaxpr) == {0: 6, 1: 1}
 
 
-def test_doctor_under_jax_remat3_is_one_clear_error():
-    previous = jax.config.jax_remat3
-    jax.config.update("jax_remat3", True)
-    try:
-        with pytest.raises(ValueError, match=r"jax_remat3 is on: diagnose with it off \(jax.config.update"):
-            jaxremat.doctor(lambda x: jnp.sum(jax.checkpoint(jnp.sin)(x)), jnp.ones(3), compile=False)
-    finally:
-        jax.config.update("jax_remat3", previous)
+def test_doctor_under_jax_remat3_is_one_clear_error(remat3_flag):
+    remat3_flag(True)
+    with pytest.raises(ValueError, match=r"jax_remat3 is on: diagnose with it off \(jax.config.update"):
+        jaxremat.doctor(lambda x: jnp.sum(jax.checkpoint(jnp.sin)(x)), jnp.ones(3), compile=False)
 
 
 def test_format_bytes_and_problem_lines():

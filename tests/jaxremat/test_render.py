@@ -288,18 +288,14 @@ def test_carry_sharding_pins_every_block_boundary_and_keeps_the_bits(mlp_stack, 
 
 
 @pytest.mark.skipif(jax.__version_info__ >= (0, 11), reason="the refusal applies to JAX < 0.11 only")
-def test_policy_in_the_reverse_loop_under_jax_remat3_is_refused_on_old_jax():
+def test_policy_in_the_reverse_loop_under_jax_remat3_is_refused_on_old_jax(remat3_flag):
     """JAX 0.10's jax_remat3 gave wrong gradients through the reverse loop with a policy: refused in one line."""
     params = {"w": jnp.ones((2, 3, 3))}
     block = lambda p, c, _: jnp.tanh(c @ p["w"])  # noqa: E731
-    previous = jax.config.jax_remat3
-    jax.config.update("jax_remat3", True)
-    try:
-        with pytest.raises(ValueError, match=r"jax_remat3 gives wrong gradients.*method='checkpoint'"):
-            remat_scan(block, params, jnp.ones((1, 3)), "full", policy="save_dots")
-        remat_scan(block, params, jnp.ones((1, 3)), "full", policy="save_dots", method="checkpoint")
-    finally:
-        jax.config.update("jax_remat3", previous)
+    remat3_flag(True)
+    with pytest.raises(ValueError, match=r"jax_remat3 gives wrong gradients.*method='checkpoint'"):
+        remat_scan(block, params, jnp.ones((1, 3)), "full", policy="save_dots")
+    remat_scan(block, params, jnp.ones((1, 3)), "full", policy="save_dots", method="checkpoint")
 
 
 @pytest.mark.parametrize("remat3", [
@@ -307,18 +303,14 @@ def test_policy_in_the_reverse_loop_under_jax_remat3_is_refused_on_old_jax():
     pytest.param(True, id="remat3", marks=pytest.mark.skipif(jax.__version_info__ < (0, 11), reason=(
         "remat_scan refuses a policy in the reverse loop under JAX 0.10's jax_remat3 "
         "(test_policy_in_the_reverse_loop_under_jax_remat3_is_refused_on_old_jax)")))])
-def test_a_name_policy_keeps_its_tag_in_the_reverse_loop_under_either_flag(remat3):
+def test_a_name_policy_keeps_its_tag_in_the_reverse_loop_under_either_flag(remat3, remat3_flag):
     """Under ``jax_remat3`` a tag is a ``call_hi_primitive`` equation: the reverse loop asks the policy about it
     as ``jax.checkpoint`` does (``jaxremat.tags.tag_aware``), so ``save_names(mlp_hidden)`` keeps the tagged
     value per layer (jax 0.12.0.1 kept nothing before)."""
     ws, x = jnp.full((4, 8, 8), 0.1), jnp.ones((3, 8))
     block = lambda w, c, _: c + jnp.tanh(checkpoint_name(c @ w, "mlp_hidden"))  # noqa: E731
-    previous = jax.config.jax_remat3
-    jax.config.update("jax_remat3", remat3)
-    try:
-        def kept(policy):
-            loss = lambda w: remat_scan(block, w, x, "full", policy=policy).sum()  # noqa: E731
-            return sum(r.bytes for r in saved_residuals(loss, ws) if not r.is_argument)
-        assert kept("save_names(mlp_hidden)") == kept(None) + 4 * 3 * 8 * 4  # one (3, 8) float32 per layer more
-    finally:
-        jax.config.update("jax_remat3", previous)
+    remat3_flag(remat3)
+    def kept(policy):
+        loss = lambda w: remat_scan(block, w, x, "full", policy=policy).sum()  # noqa: E731
+        return sum(r.bytes for r in saved_residuals(loss, ws) if not r.is_argument)
+    assert kept("save_names(mlp_hidden)") == kept(None) + 4 * 3 * 8 * 4  # one (3, 8) float32 per layer more
