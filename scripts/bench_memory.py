@@ -107,10 +107,11 @@ def measure(n: int, d: int, batch: int, seq: int, with_torch: bool) -> list[dict
         p = split if kind.startswith("unrolled") else params
         rows.append({"framework": "jax", "variant": kind, **_jax_row(_hand_written(kind, cfg), p, tokens, pb)})
     if with_torch:
-        from parity.cases.sweep import measure_torch
+        from parity.runners.framework import get_framework
 
+        torch_fw = get_framework("torch")
         for name in SCHEDULES:
-            got = measure_torch(cfg, tokens_np, parse_plan(name), repeats=1)
+            got = torch_fw.measure_plan(cfg, tokens_np, parse_plan(name), repeats=1)
             rows.append({"framework": "torch", "variant": f"torchref:{name}", "temp_bytes": None,
                          "peak_activation_bytes": got["peak_activation_bytes"],
                          "predicted_peak_activation_bytes": am.predict_peak_activation_bytes(

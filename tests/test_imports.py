@@ -1,6 +1,8 @@
 """Import hygiene of the three packages: no cycles, no private names across modules, imports at the top.
 
-Read from the source (``ast``), nothing imported: a module may import another module's public
+Read from the source (``ast``; a package with a lazy module ``__getattr__`` is imported for its
+``__all__``): every name imported from the project exists, even in a deferred import of a script;
+a module may import another module's public
 names only; module-level imports between the project's modules form no cycle; an import inside
 a function is allowed only when it defers a heavy framework (JAX, Flax, optax, PyTorch, Hugging
 Face libraries, matplotlib) or a project module that loads one at import time, and the module
@@ -10,6 +12,7 @@ says why in a ``# Deferred imports:`` comment.
 from __future__ import annotations
 
 import ast
+import importlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -248,3 +251,44 @@ def test_no_private_attribute_used_across_packages():
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)} "
                            f"(defined in {', '.join(sorted(defined[node.attr]))})")
     assert not bad, "private attributes used across packages:\n" + "\n".join(bad)
+
+
+@lru_cache(maxsize=None)
+def _defined_names(mod: str) -> frozenset[str]:
+    """Names module ``mod`` binds (defs, classes, assignments, imports; inside functions too, a superset), its
+    submodules, and with a PEP 562 module ``__getattr__`` its ``__all__`` (the module imported: those are lazy)."""
+    path, tree = _modules()[mod]
+    names = {m.rpartition(".")[2] for m in _modules() if m.rpartition(".")[0] == mod}
+    if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body):
+        names |= set(importlib.import_module(mod).__all__)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return frozenset(names)
+
+
+def test_every_name_imported_from_the_project_exists():
+    """``from parity.cases.sweep import measure_torch`` inside a script's function fails only when it runs:
+    every ``from <project module> import <name>`` in the packages, scripts/, examples/ and tests/ (deferred
+    imports too) names a submodule or a name the module binds."""
+    bad = []
+    files = [p for d in ("scripts", "examples", "tests") for p in sorted((ROOT / d).rglob("*.py"))]
+    sources = [(m, p, t) for m, (p, t) in _modules().items()] + [(None, p, ast.parse(p.read_text(encoding="utf-8")))
+                                                                  for p in files]
+    for mod, path, tree in sources:
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or (node.level and mod is None):
+                continue
+            for base, names in _imports(mod or "", path, node):
+                if base not in _modules():
+                    if base.split(".")[0] in PACKAGES:
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: no module {base}")
+                    continue
+                missing = [n for n in names if n != "*" and n not in _defined_names(base)]
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {base} has no {n!r}" for n in missing]
+    assert not bad, "imports of names the project does not define:\n" + "\n".join(bad)
