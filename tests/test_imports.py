@@ -1,12 +1,11 @@
 """Import hygiene of the three packages: no cycles, no private names across modules, imports at the top.
 
 Read from the source (``ast``; a package with a lazy module ``__getattr__`` is imported for its
-``__all__``): every name imported from the project exists, even in a deferred import of a script;
-a module may import another module's public
-names only; module-level imports between the project's modules form no cycle; an import inside
-a function is allowed only when it defers a heavy framework (JAX, Flax, optax, PyTorch, Hugging
-Face libraries, matplotlib) or a project module that loads one at import time, and the module
-says why in a ``# Deferred imports:`` comment.
+``__all__``): every name imported from the project exists, even in a deferred import of a script; a
+module may import another module's public names only; module-level imports between the project's
+modules form no cycle; an import inside a function is allowed only when it defers a heavy framework
+(JAX, Flax, optax, PyTorch, Hugging Face libraries, matplotlib) or a project module that loads one at
+import time, and the module says why in a ``# Deferred imports:`` comment.
 """
 
 from __future__ import annotations
