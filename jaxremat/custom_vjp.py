@@ -30,8 +30,8 @@ reads. Measured on XLA:CPU, jax 0.10.2, N=4, block ``h + op(h, w)`` with ``fwd``
 * Under JAX's ``jax_remat3`` flag, ``jax.checkpoint`` runs an op's primal in a checkpointed forward
   pass and its ``fwd`` in the recompute (as ``optimize_remat=True`` does without it), so nothing of
   the rule is kept there: ``"save"`` through ``jax.checkpoint`` is refused by
-  :func:`jaxremat.render.remat_scan`; the reverse loop keeps the rule's outputs as above
-  (docs/usage.md, "JAX versions").
+  :func:`jaxremat.render.remat_scan`; the reverse loop keeps the rule's outputs as above on JAX >= 0.11
+  (JAX 0.10's flag refuses a policy in the reverse loop; docs/usage.md, "JAX versions").
 
 The tags are put in by rewriting the block's jaxpr: each ``custom_vjp_call`` equation (also inside
 ``jit``, ``scan``, ``cond`` and ``checkpoint`` sub-programs of the block; not inside a

@@ -138,8 +138,10 @@ def remat_stack(
             a layer returns a carry of another shape or dtype; a layer writes a variable other
             than its RNG counters (e.g. BatchNorm running statistics: call it with
             ``use_running_average=True``), which a scanned pure layer cannot write back;
-            ``custom_vjp_residuals`` is not ``"recompute"`` or ``"save"``, or is ``"save"`` on a stack of one
-            layer with JAX's ``jax_remat3`` flag on (:func:`jaxremat.render.remat_scan`).
+            ``custom_vjp_residuals`` is not ``"recompute"`` or ``"save"``, or is ``"save"`` where the stack
+            runs ``jax.checkpoint`` (one layer, or ``method="checkpoint"``) with JAX's ``jax_remat3`` flag
+            on; ``method="reverse_loop"`` keeps ``fwd``'s outputs there on JAX >= 0.11
+            (:func:`jaxremat.render.remat_scan`).
 
     Warns:
         RematPolicyWarning: the policy keeps nothing it names in this block (no kept
