@@ -253,7 +253,7 @@ def remat_scan(
             segments = _one_layer_segments(segments)
         per_segment = (tuple(policy_of(s.policy) for s in segments) if any(s.policy is not None for s in segments)
                        else jax_policy)
-        _refuse_remat3_policy(per_segment)
+        _refuse_remat3_policy(per_segment, save)
         return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs, save)
     return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of)
 
@@ -275,14 +275,18 @@ def _one_layer_segments(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
     return tuple(out)
 
 
-def _refuse_remat3_policy(per_segment) -> None:
+def _refuse_remat3_policy(per_segment, save: bool = False) -> None:
     """Refuse a policy in the reverse segment loop under ``jax_remat3`` on JAX < 0.11: measured wrong
-    gradients op by op there (max relative error 1.66 at ``full+save_dots``; docs/usage.md, "JAX versions")."""
+    gradients op by op there (max relative error 1.66 at ``full+save_dots``; docs/usage.md, "JAX versions").
+    ``save``: the policy is ``custom_vjp_residuals="save"``'s, which ``method='checkpoint'`` refuses under the
+    flag too (:func:`_refuse_remat3_save`), so the message does not offer it."""
     policies = per_segment if isinstance(per_segment, tuple) else (per_segment,)
     if any(p is not None for p in policies) and jax.config.jax_remat3 and jax.__version_info__ < (0, 11):
-        raise ValueError(f"remat_scan: a policy in the reverse segment loop under jax_remat3 gives wrong gradients on "
-                         f"JAX {jax.__version__}; turn the flag off (jax.config.update('jax_remat3', False)), pass "
-                         f"method='checkpoint', or use JAX >= 0.11")
+        what = "custom_vjp_residuals='save' (a policy" if save else "a policy"
+        way_out = "pass custom_vjp_residuals='recompute'" if save else "pass method='checkpoint'"
+        raise ValueError(f"remat_scan: {what} in the reverse segment loop{')' if save else ''} under jax_remat3 "
+                         f"gives wrong gradients on JAX {jax.__version__}; turn the flag off "
+                         f"(jax.config.update('jax_remat3', False)), {way_out}, or use JAX >= 0.11")
 
 
 def _refuse_remat3_save(segments: tuple[Segment, ...], n_layer: int) -> None:

@@ -296,6 +296,12 @@ def test_policy_in_the_reverse_loop_under_jax_remat3_is_refused_on_old_jax(remat
     with pytest.raises(ValueError, match=r"jax_remat3 gives wrong gradients.*method='checkpoint'"):
         remat_scan(block, params, jnp.ones((1, 3)), "full", policy="save_dots")
     remat_scan(block, params, jnp.ones((1, 3)), "full", policy="save_dots", method="checkpoint")
+    # custom_vjp_residuals='save' is a policy there too; method='checkpoint' refuses it under the flag as well, so
+    # the message offers 'recompute' instead (no loop between the two refusals)
+    with pytest.raises(ValueError, match=r"'save' \(a policy in the reverse segment loop\) under jax_remat3 gives "
+                                         r"wrong gradients.*custom_vjp_residuals='recompute'") as info:
+        remat_scan(block, params, jnp.ones((1, 3)), "full", custom_vjp_residuals="save")
+    assert "method='checkpoint'" not in str(info.value)
 
 
 @pytest.mark.parametrize("remat3", [
