@@ -218,6 +218,8 @@ def _custom_vjp_message(where: str, jaxpr_of: Callable, checkpointed_layers: int
 
     ``through_checkpoint``: the stack runs ``jax.checkpoint`` (``method="checkpoint"``, or one layer); under
     ``jax_remat3`` JAX then runs each op's primal in the forward pass and ``remat_scan`` refuses ``"save"``.
+    In the reverse loop ``"save"`` is offered, except under JAX 0.10's ``jax_remat3``, where ``remat_scan``
+    refuses it as a policy (:func:`jaxremat.render.remat_scan`).
     """
     traced = jaxpr_of()
     if traced is None or not checkpointed_layers:
@@ -232,11 +234,16 @@ def _custom_vjp_message(where: str, jaxpr_of: Callable, checkpointed_layers: int
                 f"runs its primal in the forward pass and its forward rule (fwd) again in the recompute, per "
                 f"checkpointed layer ({checkpointed_layers} checkpointed); custom_vjp_residuals='save' keeps nothing "
                 f"through jax.checkpoint under jax_remat3{reverse_loop}"]
+    if jax.config.jax_remat3 and jax.__version_info__ < (0, 11):  # remat_scan refuses 'save' here (a policy)
+        way_out = ("custom_vjp_residuals='save', which keeps fwd's outputs from the forward pass, is refused under "
+                   f"jax_remat3 on JAX {jax.__version__} (turn the flag off, or use JAX >= 0.11)")
+    else:
+        way_out = ("pass custom_vjp_residuals='save' to keep fwd's outputs from the forward pass and run it once "
+                   "per layer (more memory: its residuals stay live until the backward pass)")
     return [f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan the forward rule (fwd) of "
             f"each runs twice per checkpointed layer, in the forward pass and again in the recompute "
             f"({2 * checkpointed_layers} runs for {checkpointed_layers} checkpointed layers, with or without a "
-            "policy); pass custom_vjp_residuals='save' to keep fwd's outputs from the forward pass and run it once "
-            "per layer (more memory: its residuals stay live until the backward pass)"]
+            f"policy); {way_out}"]
 
 
 def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: Any, *, xs: Any = None,

@@ -18,8 +18,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxremat.custom_vjp import CUSTOM_VJP_RESIDUAL, count_named_runs
 from jaxremat.flax import RematStack, linen_init_stack, linen_remat_stack, remat_stack
+from jaxremat.lint import check_plan
 from jaxremat.memory import saved_activation_bytes
 from jaxremat.render import remat_scan
+from jaxremat.spec import parse_schedule
 from jaxremat.spec.lint import RematPolicyWarning
 
 N, B, D = 4, 2, 8
@@ -365,6 +367,20 @@ def test_nnx_remat_stack_and_linen_pass_the_choice_on():
     assert count_named_runs(jax.grad(lin("save")), variables).get(FWD) == 4
     with pytest.warns(RematPolicyWarning, match="fwd.*runs twice per checkpointed layer"):
         assert count_named_runs(jax.grad(lin("recompute")), variables) == {FWD: 8}
+
+
+@pytest.mark.skipif(jax.__version_info__ >= (0, 11), reason="JAX 0.10's jax_remat3 only: 'save' runs in the reverse loop on 0.11+")
+def test_reverse_loop_under_old_jax_remat3_does_not_offer_save(remat3_flag):
+    """Under JAX 0.10's flag the reverse loop refuses ``"save"`` (a policy there); the lint says so, not "pass
+    save" (toggled here)."""
+    remat3_flag(True)
+    with pytest.warns(RematPolicyWarning):
+        (message,) = check_plan(lambda w, h, _: h + OPS[False, False](h, w), W, X, parse_schedule("full"))
+    assert "runs twice per checkpointed layer" in message and "pass custom_vjp_residuals='save'" not in message
+    assert "custom_vjp_residuals='save', which keeps fwd's outputs from the forward pass, is refused under jax_remat3" \
+        in message, message
+    with pytest.raises(ValueError, match="custom_vjp_residuals='recompute'"):
+        jax.grad(loss("full", choice="save"))(W, X)
 
 
 def test_one_layer_stack_under_jax_remat3_warns_of_the_primal_run_and_refuses_save(remat3_flag):
