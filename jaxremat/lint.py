@@ -14,8 +14,9 @@ policy will see it and asks the policy the same questions, before the stack runs
 * a block with a ``jax.custom_vjp`` op under a plan that checkpoints, with
   ``custom_vjp_residuals="recompute"`` -> the warning says that the op's forward rule (``fwd``)
   runs twice per checkpointed layer (in the forward pass and again in the recompute: 8 runs
-  against ``none``'s 4 for 4 layers under ``full``, with or without a policy), and that
-  ``custom_vjp_residuals="save"`` runs it once (:mod:`jaxremat.custom_vjp`).
+  against ``none``'s 4 for 4 layers under ``full``, with or without a policy; a nested schedule's
+  inner checkpointed segments a third time), and that ``custom_vjp_residuals="save"`` runs it once
+  per layer (a nested segment's outer recompute once more; :mod:`jaxremat.custom_vjp`).
 
 Batching. Under ``jax.vmap`` the policy sees the *batched* jaxpr when the vmap is applied inside
 the differentiation (``jax.grad(lambda p: jax.vmap(f)(p).sum())``), since ``jax.checkpoint``'s
@@ -43,6 +44,7 @@ from typing import Any, Callable, Iterator
 import jax
 
 from .policies import to_jax_policy
+from .spec.cost import recomputed_blocks
 from .spec.lint import RematPolicyWarning, no_effect_message, unmatched_message
 from .spec.policies import Policy, parse_policy
 from .tags import ask_policy, sub_jaxprs, tag_name
@@ -212,17 +214,22 @@ def _policy_messages(policy: Any, schedule: Any, n_layer: int, where: str, jaxpr
     return []
 
 
-def _custom_vjp_message(where: str, jaxpr_of: Callable, checkpointed_layers: int,
-                        through_checkpoint: bool) -> list[str]:
+def _custom_vjp_message(where: str, jaxpr_of: Callable, segs, n_layer: int, through_checkpoint: bool) -> list[str]:
     """The message for a block holding ``jax.custom_vjp`` ops under a plan that checkpoints.
 
-    ``through_checkpoint``: the stack runs ``jax.checkpoint`` (``method="checkpoint"``, or one layer); under
-    ``jax_remat3`` JAX then runs each op's primal in the forward pass and ``remat_scan`` refuses ``"save"``.
-    In the reverse loop ``"save"`` is offered, except under JAX 0.10's ``jax_remat3``, where ``remat_scan``
-    refuses it as a policy (:func:`jaxremat.render.remat_scan`).
+    ``segs``: the plan's segments for ``n_layer`` layers. ``fwd`` runs once per layer in the forward pass
+    and once more in every recompute of its layer: :func:`jaxremat.spec.cost.recomputed_blocks` times (a
+    nested schedule recomputes its inner checkpointed segments twice). Under ``"save"`` it runs once per
+    layer, plus once per layer of a nested segment (the outer recompute; measured with
+    :func:`jaxremat.custom_vjp.count_named_runs`). ``through_checkpoint``: the stack runs
+    ``jax.checkpoint`` (``method="checkpoint"``, or one layer); under ``jax_remat3`` JAX then runs each
+    op's primal in the forward pass and ``remat_scan`` refuses ``"save"``. In the reverse loop ``"save"``
+    is offered, except under JAX 0.10's ``jax_remat3``, where ``remat_scan`` refuses it as a policy
+    (:func:`jaxremat.render.remat_scan`).
     """
+    checkpointed = sum(s.length for s in segs if s.checkpointed)
     traced = jaxpr_of()
-    if traced is None or not checkpointed_layers:
+    if traced is None or not checkpointed:
         return []
     n_ops = sum(eqn.primitive.name == "custom_vjp_call" for eqn in _eqns(traced[0].jaxpr))
     if not n_ops:
@@ -232,18 +239,28 @@ def _custom_vjp_message(where: str, jaxpr_of: Callable, checkpointed_layers: int
                         if jax.__version_info__ >= (0, 11) else "")
         return [f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan, with jax_remat3 on, each "
                 f"runs its primal in the forward pass and its forward rule (fwd) again in the recompute, per "
-                f"checkpointed layer ({checkpointed_layers} checkpointed); custom_vjp_residuals='save' keeps nothing "
+                f"checkpointed layer ({checkpointed} checkpointed); custom_vjp_residuals='save' keeps nothing "
                 f"through jax.checkpoint under jax_remat3{reverse_loop}"]
+    recomputes = sum(s.length + (0 if s.inner is None else recomputed_blocks(s.length, s.inner))
+                     for s in segs if s.checkpointed)
+    nested = sum(s.length for s in segs if s.checkpointed and s.inner is not None)
     if jax.config.jax_remat3 and jax.__version_info__ < (0, 11):  # remat_scan refuses 'save' here (a policy)
         way_out = ("custom_vjp_residuals='save', which keeps fwd's outputs from the forward pass, is refused under "
                    f"jax_remat3 on JAX {jax.__version__} (turn the flag off, or use JAX >= 0.11)")
     else:
-        way_out = ("pass custom_vjp_residuals='save' to keep fwd's outputs from the forward pass and run it once "
-                   "per layer (more memory: its residuals stay live until the backward pass)")
+        once = (f"and run it {n_layer + nested} times (once per layer, and once more in the outer recompute of "
+                "a nested segment)" if nested else "and run it once per layer")
+        way_out = (f"pass custom_vjp_residuals='save' to keep fwd's outputs from the forward pass {once}; more "
+                   "memory: its residuals stay live until the backward pass")
+    if nested:
+        runs = (f"runs in the forward pass and again in every recompute of its layer ({n_layer + recomputes} runs "
+                f"for {n_layer} layers, {checkpointed} checkpointed, with or without a policy: the nested schedule "
+                "recomputes its inner checkpointed segments twice)")
+    else:
+        runs = (f"runs twice per checkpointed layer, in the forward pass and again in the recompute "
+                f"({2 * checkpointed} runs for {checkpointed} checkpointed layers, with or without a policy)")
     return [f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan the forward rule (fwd) of "
-            f"each runs twice per checkpointed layer, in the forward pass and again in the recompute "
-            f"({2 * checkpointed_layers} runs for {checkpointed_layers} checkpointed layers, with or without a "
-            f"policy); {way_out}"]
+            f"each {runs}; {way_out}"]
 
 
 def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: Any, *, xs: Any = None,
@@ -288,8 +305,7 @@ def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: An
     for p in own or ([policy] if policy is not None else []):
         messages += _policy_messages(p, schedule, n_layer, where, jaxpr_of, no_effect=not own)
     if custom_vjp_residuals == "recompute":
-        messages += _custom_vjp_message(where, jaxpr_of, sum(s.length for s in segs if s.checkpointed),
-                                        method == "checkpoint" or n_layer == 1)
+        messages += _custom_vjp_message(where, jaxpr_of, segs, n_layer, method == "checkpoint" or n_layer == 1)
     for m in messages:
         warnings.warn(m, RematPolicyWarning, stacklevel=3)
     return messages

@@ -6,6 +6,7 @@ the program of ``jax.grad`` (:func:`jaxremat.custom_vjp.count_named_runs`), N=4 
 """
 
 import functools
+import re
 import warnings
 
 import jax
@@ -367,6 +368,23 @@ def test_nnx_remat_stack_and_linen_pass_the_choice_on():
     assert count_named_runs(jax.grad(lin("save")), variables).get(FWD) == 4
     with pytest.warns(RematPolicyWarning, match="fwd.*runs twice per checkpointed layer"):
         assert count_named_runs(jax.grad(lin("recompute")), variables) == {FWD: 8}
+
+
+@pytest.mark.parametrize("schedule", ["sqrt", "nested(sqrt,sqrt)", "nested(every_k(2),full)"])
+def test_lint_counts_the_fwd_runs_it_warns_of(schedule):
+    """The warning's run counts are the program's (:func:`count_named_runs`), nested schedules too (their inner
+    checkpointed segments are recomputed twice; under ``"save"`` the outer recompute runs ``fwd`` once more)."""
+    with pytest.warns(RematPolicyWarning):
+        (message,) = check_plan(lambda w, h, _: h + OPS[False, False](h, w), W, X, parse_schedule(schedule))
+    numbers = [int(n) for n in re.findall(r"\((\d+) runs for", message)]
+    fwd_runs = runs(schedule)[FWD]
+    if schedule.startswith("nested"):
+        assert numbers == [fwd_runs], message
+        assert f"run it {runs(schedule, choice='save')[FWD]} times" in message, message
+    else:  # "2 x c runs for c checkpointed layers"; the others run once
+        checkpointed = int(re.search(r"runs for (\d+) checkpointed", message).group(1))
+        assert numbers == [2 * checkpointed] and fwd_runs == N + checkpointed, message
+        assert runs(schedule, choice="save")[FWD] == N and "run it once per layer" in message
 
 
 @pytest.mark.skipif(jax.__version_info__ >= (0, 11), reason="JAX 0.10's jax_remat3 only: 'save' runs in the reverse loop on 0.11+")
