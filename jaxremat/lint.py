@@ -11,12 +11,13 @@ policy will see it and asks the policy the same questions, before the stack runs
   product has batch dimensions (``dots_with_no_batch_dims_saveable`` / ``minimal`` under a
   ``jax.vmap`` that batches both operands, e.g. an ensemble of stacks);
 * a policy on a schedule that checkpoints nothing (``none``) -> the warning says it has no effect;
-* a block with a ``jax.custom_vjp`` op under a plan that checkpoints, with
-  ``custom_vjp_residuals="recompute"`` -> the warning says that the op's forward rule (``fwd``)
-  runs twice per checkpointed layer (in the forward pass and again in the recompute: 8 runs
-  against ``none``'s 4 for 4 layers under ``full``, with or without a policy; a nested schedule's
-  inner checkpointed segments a third time), and that ``custom_vjp_residuals="save"`` runs it once
-  per layer (a nested segment's outer recompute once more; :mod:`jaxremat.custom_vjp`).
+* a block with a ``jax.custom_vjp`` op under a plan that recomputes, with
+  ``custom_vjp_residuals="recompute"`` -> the warning says how often the op's forward rule
+  (``fwd``) runs: in the forward pass and again in every recompute of its layer (8 runs against
+  ``none``'s 4 for 4 layers under ``full``; a policy keeps none of the rule's outputs unless it
+  keeps everything; a nested schedule's inner checkpointed segments run a third time), and, where
+  it runs fewer times, that ``custom_vjp_residuals="save"`` runs it once per layer (a nested
+  segment's outer recompute once more; :mod:`jaxremat.custom_vjp`).
 
 Batching. Under ``jax.vmap`` the policy sees the *batched* jaxpr when the vmap is applied inside
 the differentiation (``jax.grad(lambda p: jax.vmap(f)(p).sum())``), since ``jax.checkpoint``'s
@@ -214,53 +215,76 @@ def _policy_messages(policy: Any, schedule: Any, n_layer: int, where: str, jaxpr
     return []
 
 
-def _custom_vjp_message(where: str, jaxpr_of: Callable, segs, n_layer: int, through_checkpoint: bool) -> list[str]:
-    """The message for a block holding ``jax.custom_vjp`` ops under a plan that checkpoints.
+def _keeps_all(policy: Any) -> bool:
+    """Whether ``policy`` (a name, a spec Policy, None, or a raw ``jax.checkpoint`` policy) keeps everything
+    (``save_everything``); a raw callable is not read (False)."""
+    if policy is None or (callable(policy) and not isinstance(policy, Policy)):
+        return False
+    return bool(getattr(parse_policy(policy), "save_everything", False))
 
-    ``segs``: the plan's segments for ``n_layer`` layers. ``fwd`` runs once per layer in the forward pass
-    and once more in every recompute of its layer: :func:`jaxremat.spec.cost.recomputed_blocks` times (a
-    nested schedule recomputes its inner checkpointed segments twice). Under ``"save"`` it runs once per
-    layer, plus once per layer of a nested segment (the outer recompute; measured with
-    :func:`jaxremat.custom_vjp.count_named_runs`). ``through_checkpoint``: the stack runs
-    ``jax.checkpoint`` (``method="checkpoint"``, or one layer); under ``jax_remat3`` JAX then runs each
-    op's primal in the forward pass and ``remat_scan`` refuses ``"save"``. In the reverse loop ``"save"``
-    is offered, except under JAX 0.10's ``jax_remat3``, where ``remat_scan`` refuses it as a policy
-    (:func:`jaxremat.render.remat_scan`).
+
+def _fwd_runs(segs, n_layer: int, policy: Any) -> tuple[int, int, int]:
+    """``(runs, inner_recomputes, nested_layers)`` of a ``custom_vjp`` rule's ``fwd`` per training step under
+    ``"recompute"``: once per layer in the forward pass, once more per layer of a checkpointed segment whose
+    policy (its own, else ``policy``) does not keep everything, and for a nested segment once more per layer
+    (the outer recompute: the policy applies to the inner segments) plus the inner schedule's recomputes
+    (:func:`jaxremat.spec.cost.recomputed_blocks`). Under ``"save"`` it runs ``n_layer + nested_layers``
+    times. Measured with :func:`jaxremat.custom_vjp.count_named_runs` (tests/jaxremat/test_custom_vjp.py)."""
+    runs, inner_total, nested = n_layer, 0, 0
+    for seg in segs:
+        if not seg.checkpointed:
+            continue
+        own = seg.policy if seg.policy is not None else policy
+        if seg.inner is None:
+            runs += 0 if _keeps_all(own) else seg.length
+            continue
+        spec = None if own is None or (callable(own) and not isinstance(own, Policy)) else parse_policy(own)
+        inner = recomputed_blocks(seg.length, seg.inner, spec)
+        runs, inner_total, nested = runs + seg.length + inner, inner_total + inner, nested + seg.length
+    return runs, inner_total, nested
+
+
+def _custom_vjp_message(where: str, jaxpr_of: Callable, segs, n_layer: int, policy: Any,
+                        through_checkpoint: bool) -> list[str]:
+    """The message for a block holding ``jax.custom_vjp`` ops under a plan that recomputes some layer.
+
+    ``segs``: the plan's segments for ``n_layer`` layers; the run counts are :func:`_fwd_runs`'s. ``"save"``
+    is offered where it runs ``fwd`` fewer times. ``through_checkpoint``: the stack runs ``jax.checkpoint``
+    (``method="checkpoint"``, or one layer); under ``jax_remat3`` JAX then runs each op's primal in the
+    forward pass (and in a nested segment's outer recompute) and ``remat_scan`` refuses ``"save"``. In the
+    reverse loop ``"save"`` is refused as a policy under JAX 0.10's ``jax_remat3``
+    (:func:`jaxremat.render.remat_scan`), and the message says so instead.
     """
-    checkpointed = sum(s.length for s in segs if s.checkpointed)
+    runs, inner, nested = _fwd_runs(segs, n_layer, policy)
+    if runs == n_layer:
+        return []
     traced = jaxpr_of()
-    if traced is None or not checkpointed:
+    if traced is None:
         return []
     n_ops = sum(eqn.primitive.name == "custom_vjp_call" for eqn in _eqns(traced[0].jaxpr))
     if not n_ops:
         return []
+    head = f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan"
     if through_checkpoint and jax.config.jax_remat3:
         reverse_loop = (" (a stack of 2 or more layers keeps fwd's outputs with method='reverse_loop')"
                         if jax.__version_info__ >= (0, 11) else "")
-        return [f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan, with jax_remat3 on, each "
-                f"runs its primal in the forward pass and its forward rule (fwd) again in the recompute, per "
-                f"checkpointed layer ({checkpointed} checkpointed); custom_vjp_residuals='save' keeps nothing "
+        outer = " and in the outer recompute of a nested segment" if nested else ""
+        return [f"{head}, with jax_remat3 on, each runs its primal in the forward pass{outer} and its forward rule "
+                f"(fwd) in the recompute of each recomputed layer; custom_vjp_residuals='save' keeps nothing "
                 f"through jax.checkpoint under jax_remat3{reverse_loop}"]
-    recomputes = sum(s.length + (0 if s.inner is None else recomputed_blocks(s.length, s.inner))
-                     for s in segs if s.checkpointed)
-    nested = sum(s.length for s in segs if s.checkpointed and s.inner is not None)
+    twice = ", the nested schedule recomputing its inner checkpointed segments twice" if inner else ""
+    text = (f"{head} the forward rule (fwd) of each runs in the forward pass and again in every recompute of its "
+            f"layer: {runs} runs for {n_layer} layers, against {n_layer} without remat{twice} (a policy keeps none "
+            "of the rule's outputs unless it keeps everything)")
+    save_runs = n_layer + nested
+    if save_runs >= runs:
+        return [text]
     if jax.config.jax_remat3 and jax.__version_info__ < (0, 11):  # remat_scan refuses 'save' here (a policy)
-        way_out = ("custom_vjp_residuals='save', which keeps fwd's outputs from the forward pass, is refused under "
-                   f"jax_remat3 on JAX {jax.__version__} (turn the flag off, or use JAX >= 0.11)")
-    else:
-        once = (f"and run it {n_layer + nested} times (once per layer, and once more in the outer recompute of "
-                "a nested segment)" if nested else "and run it once per layer")
-        way_out = (f"pass custom_vjp_residuals='save' to keep fwd's outputs from the forward pass {once}; more "
-                   "memory: its residuals stay live until the backward pass")
-    if nested:
-        runs = (f"runs in the forward pass and again in every recompute of its layer ({n_layer + recomputes} runs "
-                f"for {n_layer} layers, {checkpointed} checkpointed, with or without a policy: the nested schedule "
-                "recomputes its inner checkpointed segments twice)")
-    else:
-        runs = (f"runs twice per checkpointed layer, in the forward pass and again in the recompute "
-                f"({2 * checkpointed} runs for {checkpointed} checkpointed layers, with or without a policy)")
-    return [f"{where}: the block holds {n_ops} jax.custom_vjp op(s); under this plan the forward rule (fwd) of "
-            f"each {runs}; {way_out}"]
+        return [f"{text}; custom_vjp_residuals='save', which keeps fwd's outputs from the forward pass, is refused "
+                f"under jax_remat3 on JAX {jax.__version__} (turn the flag off, or use JAX >= 0.11)"]
+    again = " (the outer recompute of a nested segment runs it once more)" if nested else ""
+    return [f"{text}; pass custom_vjp_residuals='save' to keep fwd's outputs from the forward pass: {save_runs} runs"
+            f"{again}, for more memory (its residuals stay live until the backward pass)"]
 
 
 def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: Any, *, xs: Any = None,
@@ -305,7 +329,8 @@ def check_plan(block_fn: Callable, stacked_params: Any, carry: Any, schedule: An
     for p in own or ([policy] if policy is not None else []):
         messages += _policy_messages(p, schedule, n_layer, where, jaxpr_of, no_effect=not own)
     if custom_vjp_residuals == "recompute":
-        messages += _custom_vjp_message(where, jaxpr_of, segs, n_layer, method == "checkpoint" or n_layer == 1)
+        messages += _custom_vjp_message(where, jaxpr_of, segs, n_layer, policy,
+                                        method == "checkpoint" or n_layer == 1)
     for m in messages:
         warnings.warn(m, RematPolicyWarning, stacklevel=3)
     return messages
