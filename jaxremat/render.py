@@ -253,7 +253,8 @@ def remat_scan(
             segments = _one_layer_segments(segments)
         per_segment = (tuple(policy_of(s.policy) for s in segments) if any(s.policy is not None for s in segments)
                        else jax_policy)
-        _refuse_remat3_policy(per_segment, save)
+        if any(s.checkpointed for s in segments):  # a plan that checkpoints nothing runs no policy
+            _refuse_remat3_policy(per_segment, save)
         return _reverse_loop(block_fn, stacked_params, carry, segments, xs, per_segment, with_outputs, save)
     return _checkpoint_scan(block_fn, stacked_params, carry, segments, xs, jax_policy, with_outputs, policy_of)
 

@@ -29,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -158,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-torch", action="store_true", help="JAX only")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
+    if any(d % 4 for d in args.widths):
+        ap.error(f"--widths must be multiples of 4 (the models have 4 heads), got {args.widths}")
+    if args.seq < 1:
+        ap.error(f"--seq must be >= 1, got {args.seq}")
+    if not args.no_torch and importlib.util.find_spec("torch") is None:
+        ap.error("the PyTorch rows need torch (pip install torch==2.13.0), or pass --no-torch for JAX only")
     rows = []
     for d in args.widths:
         for b in args.batches:

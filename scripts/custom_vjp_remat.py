@@ -13,7 +13,8 @@ prints, side by side in one run:
 
 Nothing is timed. A combination :func:`jaxremat.render.remat_scan` refuses (``"save"`` through
 ``jax.checkpoint`` under JAX's ``jax_remat3`` flag, a policy in the reverse loop under that flag on JAX
-0.10) is printed as a ``refused:`` row, and the others still run. Usage::
+0.10) is printed as a ``refused [i]`` row, its message ``[i]`` below the table, and the others still
+run. Usage::
 
     python scripts/custom_vjp_remat.py                  # N=4, B=128, D=128
     python scripts/custom_vjp_remat.py --batch 2 --width 8
@@ -68,37 +69,41 @@ def measure(method: str, choice: str, optimize_remat: bool, schedule: str, w, x)
             "temp_bytes": compiled_memory(grad, w, x)["temp_bytes"], "grad": np.asarray(grad(w, x))}
 
 
-def _first_clause(exc: Exception) -> str:
-    """``remat_scan: <what>: <why>; <ways out>`` -> ``<what>`` (the row's width)."""
-    return str(exc).removeprefix("remat_scan: ").split(";")[0].split(": ")[0]
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--width", type=int, default=128)
     args = ap.parse_args(argv)
+    for name in ("layers", "batch", "width"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     w = jax.random.normal(jax.random.key(0), (args.layers, args.width, args.width)) * 0.3
     x = jax.random.normal(jax.random.key(1), (args.batch, args.width))
     unit = args.batch * args.width * 4
     print(f"N={args.layers} B={args.batch} D={args.width} float32; one (B, D) activation = {unit} bytes")
     print(f"{'method':<13}{'choice':<10}{'opt_remat':<10}{'schedule':<12}{'primal':>7}{'fwd':>5}"
           f"{'saved B':>10}{'temp B':>10}{'ULP vs none':>12}{'rel vs none':>12}")
+    refused: dict[str, int] = {}
     for method in ("reverse_loop", "checkpoint"):
         ref = None
         for choice, opt in (("recompute", False), ("recompute", True), ("save", False)):
             for schedule in SCHEDULES:
                 try:
                     r = measure(method, choice, opt, schedule, w, x)
-                except ValueError as exc:  # a combination remat_scan refuses (e.g. under jax_remat3): the row says so
-                    print(f"{method:<13}{choice:<10}{str(opt):<10}{schedule:<12}refused: {_first_clause(exc)}")
+                except ValueError as exc:  # a combination remat_scan refuses under jax_remat3: the row says so
+                    if "jax_remat3" not in str(exc):
+                        raise
+                    refused.setdefault(str(exc), len(refused) + 1)
+                    print(f"{method:<13}{choice:<10}{str(opt):<10}{schedule:<12}refused [{refused[str(exc)]}]")
                     continue
                 ref = r["grad"] if ref is None else ref
                 ulp = int(np.abs(r["grad"].view(np.int32).astype(np.int64) - ref.view(np.int32)).max())
                 rel = max(float(np.abs(g - g0).max() / np.abs(g0).max()) for g, g0 in zip(r["grad"], ref))
                 print(f"{method:<13}{choice:<10}{str(opt):<10}{schedule:<12}{r['primal']:>7}{r['fwd']:>5}"
                       f"{r['saved_bytes']:>10}{r['temp_bytes']:>10}{ulp:>12}{rel:>12.1e}")
+    for message, i in refused.items():
+        print(f"[{i}] {message}")
 
 
 if __name__ == "__main__":

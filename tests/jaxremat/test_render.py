@@ -302,6 +302,7 @@ def test_policy_in_the_reverse_loop_under_jax_remat3_is_refused_on_old_jax(remat
                                          r"wrong gradients.*custom_vjp_residuals='recompute'") as info:
         remat_scan(block, params, jnp.ones((1, 3)), "full", custom_vjp_residuals="save")
     assert "method='checkpoint'" not in str(info.value)
+    remat_scan(block, params, jnp.ones((1, 3)), "none", custom_vjp_residuals="save")  # checkpoints nothing: runs
 
 
 @pytest.mark.parametrize("remat3", [
