@@ -224,7 +224,23 @@ def _bitwise(c: dict) -> str:
         return "-"
     if all(b is not False for b in bits):
         return "yes"
-    return "NO" + (f" {c['max_ulp']} ULP" if c.get("max_ulp") is not None else "")
+    ulps = [u for u, equal in ((c.get("max_ulp"), bits[0]), (c.get("weights_max_ulp"), bits[1]))
+            if u is not None and equal is False]
+    return "NO" + (f" {max(ulps)} ULP" if ulps else "")
+
+
+def _differing(c: dict) -> str:
+    """What a failed case's checks found apart from ``none``'s: the loss, the gradient tensors, the trained
+    weights and the reverse loop's gradients, each with its largest ULP distance (only the checks that ran)."""
+    parts = ["loss"] if c.get("loss_bitwise_equal") is False else []
+    if c.get("grads_bitwise_equal") is False:
+        parts.append(f"gradients {', '.join(c['mismatched']) or '(names not recorded)'} ({c['max_ulp']} ULP, "
+                     f"max abs diff {(c['max_abs_diff'] or 0.0):.3e})")
+    if c.get("weights_bitwise_equal") is False:
+        parts.append(f"trained weights ({c.get('weights_max_ulp')} ULP)")
+    if c.get("reverse_loop_bitwise_equal") is False:
+        parts.append(f"reverse loop gradients ({c.get('reverse_loop_max_ulp')} ULP)")
+    return "; ".join(parts) or "no bitwise check differs (see the case's other fields)"
 
 
 def _time(c: dict, with_range: bool = True) -> str:
@@ -461,9 +477,8 @@ def markdown(report: dict) -> str:
     fails = [c for c in report["cases"] if c["status"] == "fail"]
     if fails:
         parts += ["## Failed checks", ""] + [
-            f"- {case_label(c)}: max ULP {c['max_ulp']}, "
-            f"max abs diff {(c['max_abs_diff'] or 0.0):.3e}, differing: {', '.join(c['mismatched']) or 'trained weights/reverse loop'}"
-            for c in fails
+            f"- {case_label(c)}: differing from {'a second run of ' if c['plan'] == 'none' else ''}none: "
+            f"{_differing(c)}" for c in fails
         ] + [""]
     return "\n".join(parts)
 

@@ -18,7 +18,7 @@ from parity.report import terminal
 from parity.report.distributed_report import print_mesh_tables
 from parity.report.format import fmt_time_ratio
 from parity.report.finetune_report import print_finetune
-from parity.report.suite_report import CASE_COLUMNS, TERMINAL_COLUMNS, print_tables
+from parity.report.suite_report import CASE_COLUMNS, TERMINAL_COLUMNS, markdown, print_tables
 
 DATA = pathlib.Path(__file__).parent / "data"
 RUN = json.loads((DATA / "report_gpt_tiny.json").read_text())
@@ -114,6 +114,21 @@ def test_run_prints_the_verdict_first_then_the_compact_columns(monkeypatch):
                                                     "time/none [range]"]
     assert "time/none [range]" in head and "saved pred" not in head
     assert sum(x.split()[:1] == ["jax"] or x.split()[:1] == ["torch"] for x in lines) >= len(RUN["cases"])
+
+
+def test_a_failed_case_names_what_differs_with_its_own_ulp_distance(monkeypatch):
+    """Trained weights apart while the gradients are bitwise (a run of ``none`` against its second run): the
+    bitwise cell and report.md give the weights' ULP distance, not the gradients' 0, and name no check that
+    did not run (the reverse loop of a plan without one)."""
+    case = next(c for c in RUN["cases"] if (c["framework"], c["plan"]) == ("torch", "none"))
+    failed = {**case, "status": "fail", "grads_bitwise_equal": True, "max_ulp": 0, "weights_bitwise_equal": False,
+              "weights_max_ulp": 417792, "reverse_loop_bitwise_equal": None, "mismatched": []}
+    report = {**RUN, "cases": [failed if c is case else c for c in RUN["cases"]]}
+    row = next(x for x in _printed(monkeypatch, 100, lambda c: print_tables(report, c))
+               if x.split()[:3] == ["torch", "eager", "none"])
+    assert "NO 417792 ULP" in row, row
+    (line,) = [x for x in markdown(report).splitlines() if x.startswith("- ") and "differing" in x]
+    assert line.endswith("differing from a second run of none: trained weights (417792 ULP)"), line
 
 
 def test_wide_shows_every_column(monkeypatch):
