@@ -191,11 +191,19 @@ def _block_jaxpr_once(block_fn, stacked_params, carry, xs, with_outputs, method)
     return get
 
 
+def _policy_spec(policy: Any) -> Policy | None:
+    """``policy`` (a name or a spec Policy) parsed; None for None or a raw ``jax.checkpoint`` policy, which
+    cannot be read."""
+    if policy is None or (callable(policy) and not isinstance(policy, Policy)):
+        return None
+    return parse_policy(policy)
+
+
 def _policy_messages(policy: Any, schedule: Any, n_layer: int, where: str, jaxpr_of: Callable,
                      no_effect: bool) -> list[str]:
     """The lint's messages for one policy (``no_effect``: also check that the schedule checkpoints)."""
     jax_policy = to_jax_policy(policy)
-    spec = None if callable(policy) and not isinstance(policy, Policy) else parse_policy(policy)
+    spec = _policy_spec(policy)
     if jax_policy is None or jax_policy is jax.checkpoint_policies.nothing_saveable:
         return []
     name = spec.name if spec is not None else getattr(policy, "__name__", repr(policy))
@@ -215,14 +223,6 @@ def _policy_messages(policy: Any, schedule: Any, n_layer: int, where: str, jaxpr
     return []
 
 
-def _keeps_all(policy: Any) -> bool:
-    """Whether ``policy`` (a name, a spec Policy, None, or a raw ``jax.checkpoint`` policy) keeps everything
-    (``save_everything``); a raw callable is not read (False)."""
-    if policy is None or (callable(policy) and not isinstance(policy, Policy)):
-        return False
-    return bool(getattr(parse_policy(policy), "save_everything", False))
-
-
 def _fwd_runs(segs, n_layer: int, policy: Any) -> tuple[int, int, int]:
     """``(runs, inner_recomputes, nested_layers)`` of a ``custom_vjp`` rule's ``fwd`` per training step under
     ``"recompute"``: once per layer in the forward pass, once more per layer of a checkpointed segment whose
@@ -234,11 +234,10 @@ def _fwd_runs(segs, n_layer: int, policy: Any) -> tuple[int, int, int]:
     for seg in segs:
         if not seg.checkpointed:
             continue
-        own = seg.policy if seg.policy is not None else policy
+        spec = _policy_spec(seg.policy if seg.policy is not None else policy)
         if seg.inner is None:
-            runs += 0 if _keeps_all(own) else seg.length
+            runs += 0 if getattr(spec, "save_everything", False) else seg.length
             continue
-        spec = None if own is None or (callable(own) and not isinstance(own, Policy)) else parse_policy(own)
         inner = recomputed_blocks(seg.length, seg.inner, spec)
         runs, inner_total, nested = runs + seg.length + inner, inner_total + inner, nested + seg.length
     return runs, inner_total, nested
