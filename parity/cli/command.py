@@ -13,7 +13,7 @@
             return code
 
 :func:`claimed` creates and locks ``--out`` (:func:`parity.cli.checks.claim_out_dir`), keeps a previous
-report (and says so), turns Ctrl-C into ``KeyboardInterrupt`` (a second Ctrl-C exits at once),
+report (and says so at the end, after the verdict and the tables, or with the interrupt message), turns Ctrl-C into ``KeyboardInterrupt`` (a second Ctrl-C exits at once),
 turns a file that cannot be written into one line and exit 2, and always releases the lock and
 puts the old Ctrl-C handler back. Exits leave by :class:`CommandExit`, which
 :func:`parity.cli.run.main` turns into the exit code.
@@ -73,10 +73,15 @@ class Claim:
 
     out: Path
     lock: OutDirLock
+    kept: str | None = None
+    """Where a previous report was moved (:func:`parity.report.suite_report.prepare_out_dir`'s message), or None."""
 
     def interrupted(self, message: str) -> None:
         """Say what was kept, release the lock and exit 130 at once (:func:`parity.cli.checks.exit_interrupted`)."""
-        cc.note(make_console(), message)
+        console = make_console()
+        cc.note(console, message)
+        if self.kept:
+            cc.note(console, self.kept)
         cc.exit_interrupted(self.lock)
 
 
@@ -99,12 +104,12 @@ def claimed(console, out: Path, overwrite: bool, files: tuple[str, ...]) -> Iter
         fail(console, exc)
     previous = cc.install_interrupt_handler(lock)
     try:
-        if kept:
-            cc.note(console, kept)
-        yield Claim(out, lock)
+        yield Claim(out, lock, kept)
     except WriteError as exc:
         fail(console, f"{exc}; the files already in {out} (if any) are kept whole; make room (or raise the limit) "
                       "and run again")
     finally:
+        if kept:  # last, so that the verdict is the first thing a command prints
+            cc.note(console, kept)
         cc.restore_interrupt_handler(previous)
         lock.release()

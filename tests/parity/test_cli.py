@@ -1,10 +1,12 @@
 """The main job end to end on the tiny preset: a valid report, exit codes, kept reports, bad input."""
 
+import io
 import json
 import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,20 +129,24 @@ def test_cli_remat_saves_less_than_none(tiny_report):
         assert sel["names_ok"] is True and sel["block_names"]["kept"] == ["qkv_proj"], fw
 
 
-def test_cli_keeps_previous_report(tmp_path, monkeypatch, capsys):
+def test_cli_keeps_previous_report(tmp_path, monkeypatch):
     (tmp_path / "report.json").write_text('{"mine": 1}')
     monkeypatch.chdir(tmp_path.parent)  # --out as a user gives it: a relative folder
     monkeypatch.setenv("COLUMNS", "80")
+    terminal = io.StringIO()  # standard output and standard error in the order a terminal shows them
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
     rc = main(["run", "--model", "gpt-tiny", "--schedules", "full", "--frameworks", "torch", "--repeats", "1",
                "--no-progress", "--out", tmp_path.name])
     assert rc == 0
     kept = list((tmp_path / "previous").glob("*/report.json"))
     assert len(kept) == 1 and kept[0].read_text() == '{"mine": 1}'
-    printed = capsys.readouterr()
-    lines = (printed.out + printed.err).splitlines()
+    lines = terminal.getvalue().splitlines()
     assert max(map(len, lines)) <= 80, [x for x in lines if len(x) > 80]  # the notice folds to the terminal's width, as the tables do
-    notice = " ".join(printed.err.split())
-    assert f"previous report kept in {tmp_path.name}/previous/{kept[0].parent.name} (use --overwrite" in notice
+    assert lines[0].startswith("Verdict: PASS"), lines[:3]  # the verdict first; the notice at the end
+    notice = " ".join(" ".join(lines).split()).split("previous report kept in", 1)
+    assert "Verdict" in notice[0] and "JAX vs PyTorch" not in notice[1], lines
+    assert notice[1].startswith(f" {tmp_path.name}/previous/{kept[0].parent.name} (use --overwrite"), notice[1]
     assert (tmp_path / "report.json").stat().st_mode & 0o044 == 0o044  # readable by others, not 0600
     assert json.loads((tmp_path / "report.json").read_text())["schema"] == SCHEMA_VERSION
 
