@@ -63,6 +63,12 @@ def _budget_note(row: dict) -> str:
     return f" ({state} budget {b['budget']}, {len(b['attempts'])} attempt(s))"
 
 
+TORCH_TOTAL_NOTE = "total: the step's peak; PyTorch's may be below its columns' sum (gradients appear as activations go)"
+"""The line under a table with PyTorch rows: their total is the step's peak, which comes while the backward pass
+creates the gradients and frees the activations, so it can be less than parameters + gradients + AdamW + activation
+peak (JAX's total is that sum: docs/real-sizes.md, "What a row holds")."""
+
+
 def terminal_table(rows: Sequence[dict]) -> str:
     """The rows as a fixed-width table of at most :data:`TERMINAL_WIDTH` characters a line.
 
@@ -87,6 +93,8 @@ def terminal_table(rows: Sequence[dict]) -> str:
     out += [" ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
     out += [" ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
             for line in cells]
+    if any(r.get("framework") == "torch" for r in rows):
+        out.append(TORCH_TOTAL_NOTE)
     out += [_wrap(n) for n in notes]
     return "\n".join(out)
 
