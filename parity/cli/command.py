@@ -13,9 +13,9 @@
             return code
 
 :func:`claimed` creates and locks ``--out`` (:func:`parity.cli.checks.claim_out_dir`), keeps a previous
-report (and says so at the end, after the verdict and the tables, or with the interrupt message), turns Ctrl-C into ``KeyboardInterrupt`` (a second Ctrl-C exits at once),
-turns a file that cannot be written into one line and exit 2, and always releases the lock and
-puts the old Ctrl-C handler back. Exits leave by :class:`CommandExit`, which
+report (and says so last, after the verdict and the tables, or with the interrupt message), turns
+Ctrl-C into ``KeyboardInterrupt`` (a second Ctrl-C exits at once), turns a file that cannot be
+written into one line and exit 2, and always releases the lock and puts the old Ctrl-C handler back. Exits leave by :class:`CommandExit`, which
 :func:`parity.cli.run.main` turns into the exit code.
 """
 
