@@ -20,7 +20,7 @@ from jaxremat.spec import parse_schedule, peak_units, recomputed_blocks
 from jaxremat.spec.plan import RematPlan
 
 from parity.checks.compare import compare_bitwise
-from parity.runners.result import RunResult
+from parity.runners.result import RunResult, training_divergence
 
 
 def policy_label(plan: RematPlan) -> str:
@@ -76,7 +76,9 @@ def fill_case(case: dict, res: RunResult, ref: RunResult) -> None:
     """Compare ``res`` with the reference ``ref`` byte for byte and copy its measurements into ``case``.
 
     Sets the bitwise checks (loss, gradients, trained weights when both trained, the reverse loop's
-    gradients against ``res``'s own), ``max_ulp``, the saved, offloaded and peak bytes and their
+    gradients against ``res``'s own; where the trained weights differ, ``training_divergence``: the
+    training step and the part of it where the two runs first parted,
+    :func:`parity.runners.result.training_divergence`), ``max_ulp``, the saved, offloaded and peak bytes and their
     ratios to ``ref``'s, the step time and its ratio, and ``status`` (``pass`` when every check holds,
     ``names_ok`` included when set, else ``fail``).
     """
@@ -104,6 +106,8 @@ def fill_case(case: dict, res: RunResult, ref: RunResult) -> None:
         step_time_s=float(res.step_time_s) if timed else None,
         time_overhead=res.step_time_s / ref.step_time_s if timed and ref.step_time_s else None,
     )
+    if trained and not weights_cmp.equal:
+        case["training_divergence"] = training_divergence(res.training_steps, ref.training_steps)
     if timed:
         case["step_times_s"] = _times(res)
         case["time_overhead_range"] = overhead_range(case["step_times_s"], _times(ref))

@@ -237,10 +237,21 @@ def _differing(c: dict) -> str:
         parts.append(f"gradients {', '.join(c['mismatched']) or '(names not recorded)'} ({c['max_ulp']} ULP, "
                      f"max abs diff {(c['max_abs_diff'] or 0.0):.3e})")
     if c.get("weights_bitwise_equal") is False:
-        parts.append(f"trained weights ({c.get('weights_max_ulp')} ULP)")
+        parts.append(f"trained weights ({c.get('weights_max_ulp')} ULP{_divergence(c.get('training_divergence'))})")
     if c.get("reverse_loop_bitwise_equal") is False:
         parts.append(f"reverse loop gradients ({c.get('reverse_loop_max_ulp')} ULP)")
     return "; ".join(parts) or "no bitwise check differs (see the case's other fields)"
+
+
+def _divergence(d: dict | None) -> str:
+    """``; first apart at training step k's gradients (intra-op threads 2 and 1)`` from a case's
+    ``training_divergence`` (:func:`parity.runners.result.training_divergence`); empty when not recorded."""
+    if not d:
+        return ""
+    what = "gradients" if d["first"] == "gradients" else "update (gradients equal)"
+    threads = d.get("threads") or [None, None]
+    told = f" (intra-op threads {threads[0]} and {threads[1]})" if None not in threads else ""
+    return f"; first apart at training step {d['step']}'s {what}{told}"
 
 
 def _time(c: dict, with_range: bool = True) -> str:

@@ -39,7 +39,7 @@ from jaxremat.survival import count_dots
 from parity.inputs.train import AdamWConfig
 from parity.runners.framework import FRAMEWORKS, RunOptions
 from parity.runners.jax_memory import measure_jax
-from parity.runners.result import RunResult
+from parity.runners.result import RunResult, TrainingStep, digest
 
 MODES = FRAMEWORKS["jax"].modes
 
@@ -81,9 +81,15 @@ class Programs:
         (the key bias: softmax ignores a shift of all scores) into a full-size step. Split, the
         trained weights are bitwise exactly when the gradients are.
         """
+        params, opt_state, _ = self.train_step_with_grads(params, opt_state, tokens, key,
+                                                          value_and_grad=value_and_grad, jit=jit)
+        return params, opt_state
+
+    def train_step_with_grads(self, params, opt_state, tokens, key, *, value_and_grad, jit: bool):
+        """:meth:`train_step` that also returns the step's gradients: ``(params, opt_state, grads)``."""
         apply = self.apply_adamw_jit if jit else self.apply_adamw
         _, grads = value_and_grad(params, tokens, key)
-        return apply(grads, opt_state, params)
+        return (*apply(grads, opt_state, params), grads)
 
 
 @functools.lru_cache(maxsize=16)
@@ -275,9 +281,12 @@ def _run(mode, cfg, params_np, tokens_np, plan, options: RunOptions) -> RunResul
     if not options.with_training:
         return result
     with run_ctx():
-        p, opt_state = params, progs.init_opt(params)
+        p, opt_state, steps = params, progs.init_opt(params), []
         for i in range(hparams.steps):
-            p, opt_state = step(p, opt_state, tokens, step_key(i))
+            p, opt_state, g = progs.train_step_with_grads(p, opt_state, tokens, step_key(i), value_and_grad=vg,
+                                                          jit=not eager)
+            steps.append(TrainingStep(grads=digest(np.asarray(g[k]) for k in p),
+                                      weights=digest(np.asarray(v) for v in p.values())))
         trained = _to_numpy(jax.block_until_ready(p))
         _check_dtypes(cfg, "trained", trained)
 
@@ -289,4 +298,4 @@ def _run(mode, cfg, params_np, tokens_np, plan, options: RunOptions) -> RunResul
             p, opt_state = jax.block_until_ready(step(p, opt_state, tokens, step_key(1 + r)))
             times.append(time.perf_counter() - t0)
     return dataclasses.replace(result, trained=trained, step_time_s=float(statistics.median(times)),
-                               step_times_s=tuple(float(t) for t in times))
+                               step_times_s=tuple(float(t) for t in times), training_steps=tuple(steps))

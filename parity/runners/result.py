@@ -13,6 +13,7 @@ seconds (``time.perf_counter``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import statistics
 import time
 from typing import Any, Mapping
@@ -88,6 +89,10 @@ class RunResult:
             running statistics and step counters; ``{}`` without any), None elsewhere.
         frozen_grads_none: PyTorch frozen stress: every frozen parameter got no ``.grad``; None
             elsewhere (JAX has no None gradient).
+        training_steps: one :class:`TrainingStep` per optimizer step of the training run behind
+            ``trained``, in order; None where the runner does not record them. When two runs' trained
+            weights differ, they say at which step and in what the runs parted
+            (:func:`training_divergence`).
     """
 
     loss: np.ndarray
@@ -101,6 +106,52 @@ class RunResult:
     dots_compiled: int | None = None
     state: Mapping[str, np.ndarray] | None = None
     frozen_grads_none: bool | None = None
+    training_steps: tuple[TrainingStep, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingStep:
+    """One optimizer step of a training run, as digests of its raw bytes.
+
+    Attributes:
+        grads: :func:`digest` of the step's gradients (the tensors in the model's parameter order).
+        weights: :func:`digest` of the weights after the step's update.
+        threads: the framework's intra-op thread count during the step (PyTorch:
+            ``torch.get_num_threads()``), None where not read (JAX).
+    """
+
+    grads: str
+    weights: str
+    threads: int | None = None
+
+
+def digest(arrays) -> str:
+    """A 16-hex-digit BLAKE2b digest of ``arrays``' raw bytes, shapes and dtypes, in the order given:
+    equal digests mean bitwise-equal arrays (up to a 2^-64 chance of a collision)."""
+    h = hashlib.blake2b(digest_size=8)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.view(np.uint8).reshape(-1).data if a.size else b"")
+    return h.hexdigest()
+
+
+def training_divergence(steps: tuple[TrainingStep, ...] | None,
+                        ref_steps: tuple[TrainingStep, ...] | None) -> dict | None:
+    """Where two training runs of the same weights and tokens first parted: ``{"step": k (1-based), "first":
+    "gradients" or "weights", "threads": [reference's, this run's]}``; None when either run has no record, the
+    records differ in length, or every step's digests are equal.
+
+    ``"gradients"``: step k's gradients already differ (the forward or backward pass of step k, on weights
+    that were still bitwise equal); ``"weights"``: the gradients are equal and the update made them differ.
+    """
+    if not steps or not ref_steps or len(steps) != len(ref_steps):
+        return None
+    for k, (s, r) in enumerate(zip(steps, ref_steps), start=1):
+        if s.grads != r.grads or s.weights != r.weights:
+            return {"step": k, "first": "gradients" if s.grads != r.grads else "weights",
+                    "threads": [r.threads, s.threads]}
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

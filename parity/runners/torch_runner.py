@@ -19,7 +19,7 @@ from jaxremat.spec.plan import RematPlan
 
 from parity.inputs.train import AdamWConfig
 from parity.runners.framework import FRAMEWORKS, RunOptions
-from parity.runners.result import RunResult
+from parity.runners.result import RunResult, TrainingStep, digest
 from parity.runners.torch_memory import measure_torch
 
 MODES = FRAMEWORKS["torch"].modes
@@ -52,6 +52,13 @@ def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torc
                 seed: int) -> None:
     _grad_step(model, opt, tokens, plan, seed)
     opt.step()
+
+
+def _recorded_step(model: torch.nn.Module) -> TrainingStep:
+    """The step just taken: digests of its gradients and of the updated weights, and the intra-op threads."""
+    params = list(model.parameters())
+    return TrainingStep(grads=digest(p.grad.detach().numpy() for p in params if p.grad is not None),
+                        weights=digest(p.detach().numpy() for p in params), threads=torch.get_num_threads())
 
 
 def step_memory(cfg: TransformerConfig, params: dict[str, np.ndarray], model: torch.nn.Module,
@@ -151,8 +158,10 @@ def run_plan(mode: str, cfg: TransformerConfig, params: dict[str, np.ndarray], t
     # training run
     model = Model.from_params(cfg, params)
     opt = adamw(model.parameters(), hparams)
+    steps = []
     for _ in range(hparams.steps):
         _train_step(model, opt, tokens_t, plan, seed)
+        steps.append(_recorded_step(model))
     trained = model.to_params()
 
     # saved bytes of one forward pass (a fresh model), peak of one steady-state step (optimizer
@@ -168,4 +177,4 @@ def run_plan(mode: str, cfg: TransformerConfig, params: dict[str, np.ndarray], t
         times.append(time.perf_counter() - t0)
 
     return dataclasses.replace(result, trained=trained, memory=memory, step_time_s=float(statistics.median(times)),
-                               step_times_s=tuple(float(t) for t in times))
+                               step_times_s=tuple(float(t) for t in times), training_steps=tuple(steps))
