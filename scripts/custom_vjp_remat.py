@@ -82,8 +82,8 @@ def main(argv=None) -> None:
     x = jax.random.normal(jax.random.key(1), (args.batch, args.width))
     unit = args.batch * args.width * 4
     print(f"N={args.layers} B={args.batch} D={args.width} float32; one (B, D) activation = {unit} bytes")
-    print(f"{'method':<13}{'choice':<10}{'opt_remat':<10}{'schedule':<12}{'primal':>7}{'fwd':>5}"
-          f"{'saved B':>10}{'temp B':>10}{'ULP vs none':>12}{'rel vs none':>11}")
+    print(f"{'method':<13}{'choice':<10}{'opt_remat':<10}{'schedule':<11}{'primal':>7}{'fwd':>5}"
+          f"{'saved B':>10}{'temp B':>10}{'ULP vs none':>12}{'rel vs none':>12}")
     refused: dict[str, int] = {}
     for method in ("reverse_loop", "checkpoint"):
         ref = None
@@ -95,13 +95,13 @@ def main(argv=None) -> None:
                     if "jax_remat3" not in str(exc):
                         raise
                     refused.setdefault(str(exc), len(refused) + 1)
-                    print(f"{method:<13}{choice:<10}{str(opt):<10}{schedule:<12}refused [{refused[str(exc)]}]")
+                    print(f"{method:<13}{choice:<10}{str(opt):<10}{schedule:<11}refused [{refused[str(exc)]}]")
                     continue
                 ref = r["grad"] if ref is None else ref
                 ulp = int(np.abs(r["grad"].view(np.int32).astype(np.int64) - ref.view(np.int32)).max())
                 rel = max(float(np.abs(g - g0).max() / np.abs(g0).max()) for g, g0 in zip(r["grad"], ref))
-                print(f"{method:<13}{choice:<10}{str(opt):<10}{schedule:<12}{r['primal']:>7}{r['fwd']:>5}"
-                      f"{r['saved_bytes']:>10}{r['temp_bytes']:>10}{ulp:>12}{rel:>11.1e}")
+                print(f"{method:<13}{choice:<10}{str(opt):<10}{schedule:<11}{r['primal']:>7}{r['fwd']:>5}"
+                      f"{r['saved_bytes']:>10}{r['temp_bytes']:>10}{ulp:>12}{rel:>12.1e}")
     for message, i in refused.items():
         print(f"[{i}] {message}")
 

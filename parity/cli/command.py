@@ -15,8 +15,10 @@
 :func:`claimed` creates and locks ``--out`` (:func:`parity.cli.checks.claim_out_dir`), keeps a previous
 report (and says so last, after the verdict and the tables, or with the interrupt message), turns
 Ctrl-C into ``KeyboardInterrupt`` (a second Ctrl-C exits at once), turns a file that cannot be
-written into one line and exit 2, and always releases the lock and puts the old Ctrl-C handler back. Exits leave by :class:`CommandExit`, which
-:func:`parity.cli.run.main` turns into the exit code.
+written into one line and exit 2, a Ctrl-C the body did not handle (while it writes its files or
+prints its tables) into the same clean exit 130, and always releases the lock and puts the old
+Ctrl-C handler back. Exits leave by :class:`CommandExit`, which :func:`parity.cli.run.main` turns
+into the exit code.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ def claimed(console, out: Path, overwrite: bool, files: tuple[str, ...]) -> Iter
     except WriteError as exc:
         fail(console, f"{exc}; the files already in {out} (if any) are kept whole; make room (or raise the limit) "
                       "and run again")
+    except KeyboardInterrupt:  # Ctrl-C outside the command's own handler (writing its files, printing its tables)
+        Claim(out, lock, kept).interrupted(f"interrupted: {out} holds the files written before Ctrl-C, each one "
+                                           "whole (a file is written to a temporary name, then renamed)")
     finally:
         if kept:  # last, so that the verdict is the first thing a command prints
             cc.note(console, kept)

@@ -244,13 +244,13 @@ def _differing(c: dict) -> str:
 
 
 def _divergence(d: dict | None) -> str:
-    """``; first apart at training step k's gradients (intra-op threads 2 and 1)`` from a case's
+    """``; first apart at training step k's gradients; intra-op threads 2 and 1`` from a case's
     ``training_divergence`` (:func:`parity.runners.result.training_divergence`); empty when not recorded."""
     if not d:
         return ""
-    what = "gradients" if d["first"] == "gradients" else "update (gradients equal)"
+    what = "gradients" if d["first"] == "gradients" else "update, gradients equal"
     threads = d.get("threads") or [None, None]
-    told = f" (intra-op threads {threads[0]} and {threads[1]})" if None not in threads else ""
+    told = f"; intra-op threads {threads[0]} and {threads[1]}" if None not in threads else ""
     return f"; first apart at training step {d['step']}'s {what}{told}"
 
 

@@ -64,7 +64,7 @@ def _budget_note(row: dict) -> str:
 
 
 TORCH_TOTAL_NOTE = "total: the step's peak; PyTorch's may be below its columns' sum (gradients appear as activations go)"
-"""The line under a table with PyTorch rows: their total is the step's peak, which comes while the backward pass
+"""The last line under a table with PyTorch rows (after the long plans' ``[k]`` lines): their total is the step's peak, which comes while the backward pass
 creates the gradients and frees the activations, so it can be less than parameters + gradients + AdamW + activation
 peak (JAX's total is that sum: docs/real-sizes.md, "What a row holds")."""
 
@@ -93,9 +93,9 @@ def terminal_table(rows: Sequence[dict]) -> str:
     out += [" ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
     out += [" ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
             for line in cells]
+    out += [_wrap(n) for n in notes]
     if any(r.get("framework") == "torch" for r in rows):
         out.append(TORCH_TOTAL_NOTE)
-    out += [_wrap(n) for n in notes]
     return "\n".join(out)
 
 
@@ -109,7 +109,8 @@ def _wrap(text: str) -> str:
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    """The rows as a Markdown table (plan names in full, each framework's source listed under it)."""
+    """The rows as a Markdown table (plan names in full, each framework's source listed under it, then
+    :data:`TORCH_TOTAL_NOTE` when PyTorch rows are there)."""
     unit, scale = unit_of(rows)
     cols = columns(unit, scale)
     out = ["| " + " | ".join(h for h, _, _ in cols) + " |", "|" + "---|" * len(cols)]
@@ -121,6 +122,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
     for r in rows:
         sources.setdefault(r["framework"], r["backend"])
     out += ["", *(f"- {fw}: {src}" for fw, src in sources.items())]
+    if "torch" in sources:
+        out += ["", TORCH_TOTAL_NOTE[0].upper() + TORCH_TOTAL_NOTE[1:] + "."]
     return "\n".join(out)
 
 

@@ -130,8 +130,9 @@ def digest(arrays) -> str:
     equal digests mean bitwise-equal arrays (up to a 2^-64 chance of a collision)."""
     h = hashlib.blake2b(digest_size=8)
     for a in arrays:
+        a = np.asarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())  # before ascontiguousarray, which makes a 0-d array 1-d
         a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.view(np.uint8).reshape(-1).data if a.size else b"")
     return h.hexdigest()
 

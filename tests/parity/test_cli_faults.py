@@ -95,3 +95,37 @@ def test_second_ctrl_c_in_run_prints_no_traceback(tmp_path):
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
     assert "interrupted before any case finished" in proc.stderr
     assert not (tmp_path / "out" / ".parity.lock").exists()
+
+
+LATE_CTRL_C = textwrap.dedent("""
+    import os, signal, sys, time
+    import parity.cli.checks as cc
+
+    real_print_tables = cc.print_tables
+
+    def print_then_press(*args, **kwargs):  # Ctrl-C after the suite's work, while the command prints and writes
+        real_print_tables(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(10)
+        raise SystemExit("the Ctrl-C was not delivered")
+
+    cc.print_tables = print_then_press
+    from parity.cli.run import main
+    sys.exit(main(["run", "--model", "gpt-tiny", "--schedules", "full", "--frameworks", "torch", "--repeats", "1",
+                   "--no-progress", "--out", sys.argv[1]]))
+""")
+
+
+def test_ctrl_c_while_the_command_prints_and_writes_exits_cleanly_and_says_what_was_kept(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_text('{"mine": 1}')
+    proc = subprocess.run([sys.executable, "-c", LATE_CTRL_C, str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert f"interrupted: {out} holds the files written before Ctrl-C" in err, err
+    assert err.index("interrupted:") < err.index("previous report kept in"), err  # the notice comes last
+    assert json.loads(next((out / "previous").glob("*/report.json")).read_text()) == {"mine": 1}
+    assert not (out / ".parity.lock").exists()
+    _no_debris(out)

@@ -132,10 +132,13 @@ def test_table_fits_100_columns_and_spells_long_plans_below():
     assert max(len(line) for line in lines) <= estimate_table.TERMINAL_WIDTH
     assert lines[0].startswith("bytes in GiB") and "[1]" in text and "within budget 64GiB" in text
     assert lines[2].split()[:8] == ["jax", "none", "5.00", "5.00", "10.00", "110.00", "131.00", "1.00"]
-    assert lines[6] == estimate_table.TORCH_TOTAL_NOTE  # PyTorch's total is not its columns' sum: said under the table
+    assert lines[-1] == estimate_table.TORCH_TOTAL_NOTE  # PyTorch's total is not its columns' sum: said last
     assert estimate_table.TORCH_TOTAL_NOTE not in estimate_table.terminal_table(rows[:2])  # JAX's total is the sum
     md = estimate_table.markdown_table(rows)
     assert f"`{long}`" in md and "| total GiB |" in md and "- torch: torch backend" in md
+    assert md.endswith("Total: the step's peak; PyTorch's may be below its columns' sum (gradients appear as "
+                       "activations go).")
+    assert "columns' sum" not in estimate_table.markdown_table(rows[:2])
     assert json.loads(estimate_table.to_json(rows, {"name": "gpt-1.3b"}))["rows"][1]["ratio_to_none"] == 61 / 131
 
 

@@ -133,8 +133,8 @@ def test_a_failed_case_names_what_differs_with_its_own_ulp_distance(monkeypatch)
     parted = {**failed, "training_divergence": {"step": 2, "first": "gradients", "threads": [2, 1]}}
     report = {**RUN, "cases": [parted if c is case else c for c in RUN["cases"]]}
     (line,) = [x for x in markdown(report).splitlines() if x.startswith("- ") and "differing" in x]
-    assert line.endswith("trained weights (417792 ULP; first apart at training step 2's gradients (intra-op "
-                         "threads 2 and 1))"), line
+    assert line.endswith("trained weights (417792 ULP; first apart at training step 2's gradients; intra-op "
+                         "threads 2 and 1)"), line
 
 
 def test_wide_shows_every_column(monkeypatch):

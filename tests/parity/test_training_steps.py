@@ -22,7 +22,9 @@ def test_digest_is_of_the_raw_bytes_shape_and_dtype():
     assert digest([a.reshape(2, 3)]) != digest([a])  # the same bytes in another shape
     assert digest([a.view(np.int32)]) != digest([a])  # ... or another dtype
     assert digest([a[:3], a[3:]]) != digest([a[3:], a[:3]])  # order counts
-    np.testing.assert_equal(digest([np.zeros(0, np.float32)]), digest([np.zeros(0, np.float32)]))
+    assert digest([np.zeros(0, np.float32)]) == digest([np.zeros((0,), np.float32)])
+    assert digest([np.float32(1.0)]) != digest([np.ones(1, np.float32)])  # a 0-d array is not a 1-element one
+    assert digest([a[::2]]) == digest([a[::2].copy()])  # a strided view: its values, not its memory
 
 
 def test_divergence_names_the_first_step_and_part_that_differ():
