@@ -6,10 +6,9 @@ One row per ``peer_step`` entry of report.json (:func:`parity.runners.torch_peer
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from parity.report.format import fmt_bytes, md_table
+from parity.report.terminal import fitted_table
 
 PEER_STEP_TITLE = "A training step beside the peer's own checkpointing (same weights and batch, dropout off)"
 
@@ -49,13 +48,14 @@ def peer_step_markdown(report: dict) -> list[str]:
 
 
 def print_peer_steps(report: dict, console: Console) -> None:
-    """The peer steps as a terminal table (nothing when the report has none)."""
+    """The peer steps as a terminal table (nothing when the report has none): one row per measure of
+    :data:`PEER_STEP_COLUMNS` and one column per peer step, so that it fits 80 columns as the other tables
+    do (:func:`parity.report.terminal.fitted_table`: cells fold, no header or cell is cut); a failed step's
+    column header is marked ``(NO)``. report.md keeps one row per step."""
     rows = report.get("peer_step") or []
     if not rows:
         return
-    t = Table(title=PEER_STEP_TITLE)
-    for col in PEER_STEP_COLUMNS:
-        t.add_column(col)
-    for x in rows:
-        t.add_row(*map(Text, peer_step_row(x)), style="red" if x["ok"] is False else None)
-    console.print(t)
+    cells = [peer_step_row(x) for x in rows]
+    headers = ["measure", *(c[0] + (" (NO)" if x["ok"] is False else "") for c, x in zip(cells, rows))]
+    body = [[name, *(c[i] for c in cells)] for i, name in enumerate(PEER_STEP_COLUMNS) if i > 0]
+    console.print(fitted_table(PEER_STEP_TITLE, headers, body, left=[True] * len(headers)))

@@ -18,6 +18,7 @@ from parity.report import terminal
 from parity.report.distributed_report import print_mesh_tables
 from parity.report.format import fmt_time_ratio
 from parity.report.finetune_report import print_finetune
+from parity.report.peer_report import print_peer_steps
 from parity.report.suite_report import CASE_COLUMNS, TERMINAL_COLUMNS, markdown, print_tables
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -41,11 +42,24 @@ def _printed(monkeypatch, columns: int, show, wide=False) -> list[str]:
     return console.file.getvalue().splitlines()
 
 
+# A MiniLM run's step beside the transformers peer (report.json's "peer_step", measured on this machine)
+PEER = {"peer_step": [{
+    "check": "transformers gradient_checkpointing vs torchref full", "dtype": "float32", "batch_size": 8, "seq_len": 128,
+    "peak_activation_bytes": {"transformers gradient_checkpointing": 48444416, "torchref full": 48444416,
+                              "transformers none": 201326592, "torchref none": 209715200},
+    "peak_ratio": 1.0, "time_ratio": 3.28, "time_ratio_range": [0.95, 3.61],
+    "none": {"peak_ratio": 0.96, "time_ratio": 1.02, "time_ratio_range": [1.02, 1.20]},
+    "checkpointing_peak_ratio": {"transformers": 0.24, "torchref": 0.23}, "max_rel_err_grads": 1.0937e-06,
+    "tolerance": 6.103515625e-05, "bitwise_to_none": {"transformers": True, "torchref": True}, "ok": True,
+    "note": "one step on the same weights and batch"}]}
+
+
 @pytest.mark.parametrize("columns", [100, 80])
 @pytest.mark.parametrize("what, show", [
     ("run", lambda c: print_tables(RUN, c)),
     ("plan", lambda c: print_summary(PLAN, c)),
     ("finetune", lambda c: print_finetune(FINETUNE, c)),
+    ("peer step", lambda c: print_peer_steps(PEER, c)),
 ])
 def test_no_line_is_wider_than_the_terminal_and_no_header_is_cut(monkeypatch, columns, what, show):
     lines = _printed(monkeypatch, columns, show)
