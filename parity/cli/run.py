@@ -193,7 +193,8 @@ def cmd_run(args) -> int:
         env = environment_info(suite.frameworks)
         progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
                             TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
-                            disable=args.no_progress, transient=True)
+                            disable=args.no_progress or not console.is_terminal, transient=True)
+        # (not to a file or a pipe: there rich draws no bar, but ends it with an empty line before the verdict)
         with progress:
             task = progress.add_task("starting", total=count_cases(suite))
             written = {"cases": 0}

@@ -136,8 +136,9 @@ def test_cli_keeps_previous_report(tmp_path, monkeypatch):
     terminal = io.StringIO()  # standard output and standard error in the order a terminal shows them
     monkeypatch.setattr(sys, "stdout", terminal)
     monkeypatch.setattr(sys, "stderr", terminal)
+    # progress left on: to a file or a pipe it draws nothing, and leaves no empty line before the verdict
     rc = main(["run", "--model", "gpt-tiny", "--schedules", "full", "--frameworks", "torch", "--repeats", "1",
-               "--no-progress", "--out", tmp_path.name])
+               "--out", tmp_path.name])
     assert rc == 0
     kept = list((tmp_path / "previous").glob("*/report.json"))
     assert len(kept) == 1 and kept[0].read_text() == '{"mine": 1}'
