@@ -152,15 +152,18 @@ def test_the_encoder_chain_is_measured_on_its_block_and_its_plan_runs():
     assert menu[0].kept_bytes > menu[2].kept_bytes > 0 == menu[1].kept_bytes
     store_all = chain_costs(chain["options_per_block"], [(4, "store")], chain["boundary_bytes"])[0]
     from jaxremat.spec.planner import min_peak_plan
-    budget = (min_peak_plan(chain["options_per_block"], chain["boundary_bytes"])[0] + store_all) // 2
-    r = plan_model(BERT, 4, T, budget)
-    # the space holds one-block checkpointed segments (bitwise under jit, docs/framework-differences.md, 2)
-    assert r.recompute_flops > 0 and r.peak_bytes <= budget
-    assert any(s.length == 1 and s.checkpointed for s in r.plan.segments), r.plan
+    least = min_peak_plan(chain["options_per_block"], chain["boundary_bytes"])[0]
+    r = plan_model(BERT, 4, T, (least + store_all) // 2)
+    assert r.recompute_flops > 0 and r.peak_bytes <= (least + store_all) // 2
+    # at the least peak only one-block checkpointed segments fit (a 2-block one recomputes a stored block more):
+    # the space holds them, and they are bitwise under jit (docs/framework-differences.md, 2). Which plan the
+    # half-way budget picks turns on the menu's FLOP counts, which JAX's GELU changes (0.12.1: 22528 fewer).
+    tight = plan_model(BERT, 4, T, least)
+    assert tight.peak_bytes == least and any(s.length == 1 and s.checkpointed for s in tight.plan.segments), tight.plan
     params = {k: jnp.asarray(v) for k, v in init_params(BERT).items()}
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 64, (4, T)))
     grad = jax.jit(jax.grad(encoder_loss), static_argnums=(2, 3))
-    grads = [grad(params, tokens, BERT, s) for s in (parse_schedule("none"), r.plan)]
+    grads = [grad(params, tokens, BERT, s) for s in (parse_schedule("none"), tight.plan)]
     for k in grads[0]:  # under jit: the plan changes no bit
         assert np.array_equal(np.asarray(grads[0][k]), np.asarray(grads[1][k])), k
     with pytest.raises(ValueError, match="encoder_chain plans the BERT"):

@@ -1,6 +1,7 @@
 """What one transformer block keeps for its backward pass, tensor by tensor, in JAX and PyTorch.
 
-A pure-Python account (no JAX, no PyTorch) of the tensors each framework keeps from the forward
+A pure-Python account (no PyTorch; JAX only to ask which rows its ``logsumexp`` keeps, see
+:func:`outside_tensors`) of the tensors each framework keeps from the forward
 pass of one GPT block without remat (``none``), with shapes as formulas of B (batch), T
 (sequence), D (``d_model``), F (``d_ff``), H (``n_head``), hd (``head_dim``) and the dtype.
 It is checked *exactly* (bytes and shapes, tensor by tensor) against the measured lists,
@@ -31,10 +32,14 @@ in 16-bit with dropout; without dropout their terms are ``8BTD + 2BTF`` elements
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from ...spec.schedules import Schedule
 from ..config import TransformerConfig
+
+# Deferred imports: JAX (and jaxremat.memory, which loads it) only where the JAX account's cross-entropy rows ask
+# the installed JAX what its logsumexp keeps (_jax_logsumexp_keeps_its_max); the account is otherwise pure Python.
 
 FRAMEWORKS = ("jax", "torch")
 _ITEMSIZE = {"float32": 4, "float64": 8, "bool": 1, "int32": 4, "int64": 8}
@@ -207,10 +212,29 @@ def stack_invariant_bytes(framework: str, cfg: TransformerConfig, batch: int, se
     return sum(t.bytes for t in block_tensors(framework, cfg, batch, seq) if not t.per_layer)
 
 
+@functools.lru_cache(maxsize=None)
+def _jax_logsumexp_keeps_its_max() -> bool:
+    """Whether the installed ``jax.nn.logsumexp`` keeps ``|max|`` (float) and the ``max >= x`` mask (bool) for its
+    backward pass besides ``exp(x - logsumexp)``.
+
+    JAX up to 0.12.0.1 differentiates its composed primitives and keeps all three; JAX 0.12.1 gives it a
+    ``custom_jvp`` that keeps the exp alone. Traced once on a (1, 2) float32 input (no compile), with
+    :func:`jaxremat.memory.saved_residuals`; the only JAX the account asks for (the cross-entropy's rows).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from ...memory import saved_residuals
+    kept = saved_residuals(lambda x: jax.nn.logsumexp(x, axis=-1).sum(), jnp.zeros((1, 2), jnp.float32))
+    return len([r for r in kept if not r.is_argument]) > 1
+
+
 def outside_tensors(framework: str, cfg: TransformerConfig, batch: int, seq: int) -> list[TensorAccount]:
     """Tensors kept outside the block stack: embedding, final LayerNorm, tied head, cross-entropy.
 
-    Token ids: JAX gets (B, T+1) int32, PyTorch int64 (as the parity runners pass them).
+    Token ids: JAX gets (B, T+1) int32, PyTorch int64 (as the parity runners pass them). JAX's
+    cross-entropy keeps ``exp(logits - logsumexp)``, and with JAX <= 0.12.0.1 also ``|max|`` and the
+    ``max >= logits`` mask: the rows follow the installed JAX (:func:`_jax_logsumexp_keeps_its_max`).
     """
     _check(framework, cfg, batch, seq)
     B, T, D, V, dt = batch, seq, cfg.d_model, cfg.vocab_size, cfg.dtype
@@ -220,8 +244,8 @@ def outside_tensors(framework: str, cfg: TransformerConfig, batch: int, seq: int
             *_jax_layer_norm(B, T, D, dt, None),
             _t(None, "ln_f output, input of the tied head", (B, T, D), dt),
             _t(None, "cross-entropy: exp(logits - logsumexp)", (B, T, V), dt),
-            _t(None, "cross-entropy: |logsumexp max|", (B, T), dt),
-            _t(None, "cross-entropy: max >= logits mask", (B, T), "bool"),
+            *([_t(None, "cross-entropy: |logsumexp max|", (B, T), dt),
+               _t(None, "cross-entropy: max >= logits mask", (B, T), "bool")] if _jax_logsumexp_keeps_its_max() else []),
             _t(None, "cross-entropy: target indices", (B, T, 1, 1), "int32"),
         ]
     return [
