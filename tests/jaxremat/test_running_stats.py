@@ -2,6 +2,10 @@
 ``batch_stats`` collection and step counter come out of ``remat_scan`` once per step."""
 
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -85,9 +89,41 @@ def test_batch_stats_and_counter_once_per_step_op_by_op(name, bits):
     _assert_once_per_step_and_bitwise(got, ref, name, bits)
 
 
+# JAX 0.12.1's XLA:CPU with Eigen on one thread (the setting tests/conftest.py gives parallel workers) rounds the
+# BatchNorm's ``x - mean`` apart in the forward pass and the recompute: measured after 3 steps, every_k(2) 38528
+# ULP and nested(sqrt,sqrt) 4352 off none (at an entry near zero; 8-2432 ULP after the first step). With XLA's
+# default threads, or JAX <= 0.12.0.1, all are bitwise; with FMA out of the instruction set they are bitwise
+# again (test_one_thread_jax_0_12_1_is_bitwise_without_fma), so the mechanism is a multiply-add rounded once
+# (FMA) in one program and twice in the other. Strict: the mark fails once the case is bitwise again.
+_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false" in os.environ.get("XLA_FLAGS", "")
+_NO_FMA = "--xla_cpu_max_isa=AVX"
+ONE_THREAD_FMA = pytest.mark.xfail(
+    jax.__version_info__ >= (0, 12, 1) and _ONE_THREAD and "xla_cpu_max_isa" not in os.environ.get("XLA_FLAGS", ""),
+    strict=True, reason="JAX >= 0.12.1 XLA:CPU with one-thread Eigen rounds the BatchNorm's x - mean once (FMA) in "
+                        "one of the forward pass and the recompute: up to 38528 ULP after 3 steps (docs/usage.md, "
+                        "JAX versions)")
+
+
 @pytest.mark.parametrize("name", JIT)
+@ONE_THREAD_FMA
 def test_batch_stats_once_per_step_under_jit(name, bits):
     _assert_once_per_step_and_bitwise(train(name, True), train("none", True), name, bits)
+
+
+@pytest.mark.skipif(jax.__version_info__ < (0, 12, 1), reason="JAX <= 0.12.0.1 is bitwise with FMA (the test above)")
+def test_one_thread_jax_0_12_1_is_bitwise_without_fma():
+    """The same jit runs as above, in a process whose XLA:CPU has one Eigen thread and no FMA (AVX at most)."""
+    code = ("import importlib.util, sys, numpy as np, jax\n"
+            f"spec = importlib.util.spec_from_file_location('rs', {str(Path(__file__))!r})\n"
+            "rs = importlib.util.module_from_spec(spec); spec.loader.exec_module(rs)\n"
+            "ref = jax.tree_util.tree_leaves(rs.train('none', True))\n"
+            "for name in rs.JIT:\n"
+            "    got = jax.tree_util.tree_leaves(rs.train(name, True))\n"
+            "    print(name, all(a.tobytes() == b.tobytes() for a, b in zip(got, ref)))\n")
+    env = {**os.environ, "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen=false {_NO_FMA}"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [w for name in JIT for w in (name, "True")], proc.stdout
 
 
 def test_with_outputs_stacks_layer_outputs_in_layer_order():
