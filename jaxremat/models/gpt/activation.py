@@ -218,14 +218,15 @@ def _jax_logsumexp_keeps_its_max() -> bool:
     backward pass besides ``exp(x - logsumexp)``.
 
     JAX up to 0.12.0.1 differentiates its composed primitives and keeps all three; JAX 0.12.1 gives it a
-    ``custom_jvp`` that keeps the exp alone. Traced once on a (1, 2) float32 input (no compile), with
+    ``custom_jvp`` that keeps the exp alone. Traced once on an abstract (1, 2) float32 input, with
     :func:`jaxremat.memory.saved_residuals`; the only JAX the account asks for (the cross-entropy's rows).
     """
     import jax
     import jax.numpy as jnp
 
     from ...memory import saved_residuals
-    kept = saved_residuals(lambda x: jax.nn.logsumexp(x, axis=-1).sum(), jnp.zeros((1, 2), jnp.float32))
+    x = jax.ShapeDtypeStruct((1, 2), jnp.float32)  # abstract: no device starts (an estimate runs without one)
+    kept = saved_residuals(lambda v: jax.nn.logsumexp(v, axis=-1).sum(), x)
     return len([r for r in kept if not r.is_argument]) > 1
 
 
