@@ -127,8 +127,8 @@ def cmd_estimate(args) -> int:
     """Run the estimate command; returns the exit code."""
     console = make_console()
     req = checked(console, request_from_args, args)
-    cc.note(console, f"estimating {req.shape.describe()}")
-    with claimed(console, args.out, args.overwrite, FILES) as claim:
+    with claimed(console, args.out, args.overwrite, FILES) as claim:  # a refused --out ends here, before the note
+        cc.note(console, f"estimating {req.shape.describe()}")
         try:
             report = _estimate(req, console)
         except KeyboardInterrupt:

@@ -85,6 +85,15 @@ def test_bad_input_is_one_line_and_exit_2_before_any_compile(argv, message, tmp_
     assert not (tmp_path / "e").exists()
 
 
+def test_an_out_that_is_a_file_is_refused_before_the_estimate_begins(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli_estimate, "get_framework", lambda *a, **k: pytest.fail("estimated despite a refused --out"))
+    (tmp_path / "e").write_text("a user's file")
+    assert main(["estimate", *TINY, "--plans", "none", "--out", str(tmp_path / "e")]) == 2
+    printed = capsys.readouterr()
+    assert "estimating" not in printed.out + printed.err and printed.err.startswith("error: "), printed
+    assert (tmp_path / "e").read_text() == "a user's file"
+
+
 def test_a_budget_below_the_floor_is_recorded_and_exits_1(tmp_path, capsys):
     code = main(["estimate", *TINY, "--plans", "none", "--budget", "1KiB", "--frameworks", "jax",
                  "--out", str(tmp_path / "e")])
