@@ -82,10 +82,17 @@ def hf_bert_hidden(cfg: TransformerConfig, params: dict, tokens: np.ndarray, che
     """
     import torch
     from transformers import BertModel
+    from transformers.utils import logging as hf_logging
 
     if checkpoint_dir is not None:
-        with torch.random.fork_rng(devices=[]):
-            model = BertModel.from_pretrained(str(checkpoint_dir), attn_implementation="eager")
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # its "Loading weights" bar would print before the run's verdict
+        try:
+            with torch.random.fork_rng(devices=[]):
+                model = BertModel.from_pretrained(str(checkpoint_dir), attn_implementation="eager")
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
         model = model.to(getattr(torch, cfg.dtype))
     else:
         model = hf_bert_model(cfg, params)

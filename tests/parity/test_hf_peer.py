@@ -72,12 +72,15 @@ def test_torch_encoder_matches_transformers_bert(tiny_bert):
     assert err <= tolerance_for("float32").max_rel_err, err
 
 
-def test_peer_checks_pass_on_random_weights(tiny_bert):
+def test_peer_checks_pass_on_random_weights(tiny_bert, capfd):
     _, path = tiny_bert
     cfg, params = load_hf_checkpoint(path)
     checks = peer_checks(cfg, params, _ids(cfg.vocab_size), path)
     assert [c["check"] for c in checks] == ["torch vs transformers", "jax vs torch"]
     assert all(c["ok"] is True for c in checks), checks
+    # the peer loads without its progress bar (it would print before a run's verdict), and the bar is back after
+    assert "Loading weights" not in capfd.readouterr().err
+    assert transformers.utils.logging.is_progress_bar_enabled()
 
 
 def test_torch_gpt_matches_transformers_gpt2(tmp_path):
