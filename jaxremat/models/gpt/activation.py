@@ -246,7 +246,8 @@ def outside_tensors(framework: str, cfg: TransformerConfig, batch: int, seq: int
             _t(None, "ln_f output, input of the tied head", (B, T, D), dt),
             _t(None, "cross-entropy: exp(logits - logsumexp)", (B, T, V), dt),
             *([_t(None, "cross-entropy: |logsumexp max|", (B, T), dt),
-               _t(None, "cross-entropy: max >= logits mask", (B, T), "bool")] if _jax_logsumexp_keeps_its_max() else []),
+               _t(None, "cross-entropy: max >= logits mask", (B, T), "bool")]
+              if _jax_logsumexp_keeps_its_max() else []),
             _t(None, "cross-entropy: target indices", (B, T, 1, 1), "int32"),
         ]
     return [
