@@ -79,11 +79,15 @@ def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_
     Raises:
         OutputDirError: ``out`` exists and is not a directory, or cannot be written; with ``overwrite``, a
             folder name among ``files`` is taken by something the suite did not write (a file, a link,
-            a folder without the marker), or cannot be removed.
+            a folder without the marker), or cannot be removed, or a file name among them is a folder.
     """
     existing = [f for f in files if (out / f).exists() or (out / f).is_symlink()]
     folders = [f for f in files if f.endswith("/")]  # the suite's folders ("distributed/"); the rest are files
     if overwrite:  # a folder of the previous report goes whole (its files would mix with the new run's)
+        for f in existing:
+            if f not in folders and (out / f).is_dir():  # a report file's name taken by a folder: refused before any work
+                raise OutputDirError(f"{out / f} is a folder where this command writes its file {f}; --overwrite "
+                                     "replaces files only: move the folder away or pass another --out")
         for f in folders:
             path = out / f
             if f in existing and (path.is_symlink() or not path.is_dir() or not (path / SUITE_MARKER).is_file()):

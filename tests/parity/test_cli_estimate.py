@@ -85,13 +85,23 @@ def test_bad_input_is_one_line_and_exit_2_before_any_compile(argv, message, tmp_
     assert not (tmp_path / "e").exists()
 
 
-def test_an_out_that_is_a_file_is_refused_before_the_estimate_begins(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("taken", ["out is a file", "a report file's name is a folder, --overwrite"])
+def test_a_refused_out_ends_the_command_before_the_estimate_begins(taken, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli_estimate, "get_framework", lambda *a, **k: pytest.fail("estimated despite a refused --out"))
-    (tmp_path / "e").write_text("a user's file")
-    assert main(["estimate", *TINY, "--plans", "none", "--out", str(tmp_path / "e")]) == 2
+    out, extra = tmp_path / "e", []
+    if taken == "out is a file":
+        out.write_text("a user's file")
+    else:
+        (out / "estimate.json").mkdir(parents=True)
+        (out / "estimate.json" / "mine.txt").write_text("a user's file")
+        extra = ["--overwrite"]
+    assert main(["estimate", *TINY, "--plans", "none", "--out", str(out), *extra]) == 2
     printed = capsys.readouterr()
     assert "estimating" not in printed.out + printed.err and printed.err.startswith("error: "), printed
-    assert (tmp_path / "e").read_text() == "a user's file"
+    assert printed.err.count("\n") == 1, printed.err
+    mine = out if taken == "out is a file" else out / "estimate.json" / "mine.txt"
+    assert mine.read_text() == "a user's file" and sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+        p.name for p in [out, *([] if taken == "out is a file" else [out / "estimate.json", mine])])
 
 
 def test_a_budget_below_the_floor_is_recorded_and_exits_1(tmp_path, capsys):
