@@ -85,14 +85,17 @@ def hf_bert_hidden(cfg: TransformerConfig, params: dict, tokens: np.ndarray, che
     from transformers.utils import logging as hf_logging
 
     if checkpoint_dir is not None:
-        bar = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # its "Loading weights" bar would print before the run's verdict
+        # transformers' "Loading weights" bar would print before the run's verdict: for this load only, its bars are
+        # made silent through transformers' own hook (set_tqdm_hook returns the previous hook, put back after),
+        # not its global switch, which also turns huggingface_hub's bars on or off
+        set_hook = getattr(hf_logging, "set_tqdm_hook", None)  # transformers >= 5.x; an older one shows its bar
+        previous = set_hook(lambda factory, args, kwargs: hf_logging.EmptyTqdm(*args, **kwargs)) if set_hook else None
         try:
             with torch.random.fork_rng(devices=[]):
                 model = BertModel.from_pretrained(str(checkpoint_dir), attn_implementation="eager")
         finally:
-            if bar:
-                hf_logging.enable_progress_bar()
+            if set_hook is not None:
+                set_hook(previous)
         model = model.to(getattr(torch, cfg.dtype))
     else:
         model = hf_bert_model(cfg, params)

@@ -73,14 +73,25 @@ def test_torch_encoder_matches_transformers_bert(tiny_bert):
 
 
 def test_peer_checks_pass_on_random_weights(tiny_bert, capfd):
+    import huggingface_hub.utils as hub
+
     _, path = tiny_bert
     cfg, params = load_hf_checkpoint(path)
-    checks = peer_checks(cfg, params, _ids(cfg.vocab_size), path)
+    hf = transformers.utils.logging
+    mine = lambda factory, args, kwargs: factory(*args, **kwargs)  # noqa: E731 - a user's own hook
+    hub.disable_progress_bars()  # a user who silenced huggingface_hub's bars and kept transformers' own
+    before = (hf.is_progress_bar_enabled(), hub.are_progress_bars_disabled(), hf.set_tqdm_hook(mine))
+    try:
+        checks = peer_checks(cfg, params, _ids(cfg.vocab_size), path)
+        after = (hf.is_progress_bar_enabled(), hub.are_progress_bars_disabled())
+    finally:
+        hook = hf.set_tqdm_hook(before[2])
+        hub.enable_progress_bars()
     assert [c["check"] for c in checks] == ["torch vs transformers", "jax vs torch"]
     assert all(c["ok"] is True for c in checks), checks
-    # the peer loads without its progress bar (it would print before a run's verdict), and the bar is back after
+    # the peer loads without its progress bar (it would print before a run's verdict); every switch is as it was
     assert "Loading weights" not in capfd.readouterr().err
-    assert transformers.utils.logging.is_progress_bar_enabled()
+    assert (*after, hook) == (True, True, mine) and before[:2] == (True, True)
 
 
 def test_torch_gpt_matches_transformers_gpt2(tmp_path):
