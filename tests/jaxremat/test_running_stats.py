@@ -4,6 +4,7 @@
 import functools
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,12 +97,13 @@ def test_batch_stats_and_counter_once_per_step_op_by_op(name, bits):
 # default threads, or JAX <= 0.12.0.1, all are bitwise; with FMA out of the instruction set they are bitwise
 # again (test_one_thread_jax_0_12_1_is_bitwise_without_fma), so the mechanism is a multiply-add rounded once
 # (FMA) in one program and twice in the other. Strict: the mark fails once the case is bitwise again.
-_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false" in os.environ.get("XLA_FLAGS", "")
+_XLA = dict(re.findall(r"--(xla_cpu_\w+)=(\S*)", os.environ.get("XLA_FLAGS", "")))  # the last value of each flag
+_ONE_THREAD = _XLA.get("xla_cpu_multi_thread_eigen", "true").lower() in ("false", "0")
+_FMA = _XLA.get("xla_cpu_max_isa", "").upper() not in ("SSE4_2", "AVX")  # the x86 levels below FMA's (AVX2)
 _NO_FMA = "--xla_cpu_max_isa=AVX"
 _X86 = platform.machine() in ("x86_64", "AMD64")  # measured there; --xla_cpu_max_isa=AVX names an x86 level
 ONE_THREAD_FMA = pytest.mark.xfail(
-    jax.__version_info__ >= (0, 12, 1) and _ONE_THREAD and _X86
-    and "xla_cpu_max_isa" not in os.environ.get("XLA_FLAGS", ""),
+    jax.__version_info__ >= (0, 12, 1) and _ONE_THREAD and _FMA and _X86,
     strict=True, reason="JAX >= 0.12.1 XLA:CPU with one-thread Eigen rounds the BatchNorm's x - mean once (FMA) in "
                         "one of the forward pass and the recompute: up to 38528 ULP after 3 steps (docs/usage.md, "
                         "JAX versions)")
