@@ -75,6 +75,7 @@ measure them (:mod:`jaxremat.block_time`, :mod:`torchref.block_time`).
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import re
 from typing import Sequence
@@ -336,9 +337,16 @@ _OUT = np.int64(2**60)
 """The working bytes given to a segment outside the space (no budget reaches them)."""
 
 
+MAX_BYTES = 2**63 - 1
+"""The largest byte count the planner takes (int64's; 8 EiB, past any device's memory)."""
+
+
 def _check_bytes(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
         raise ValueError(f"{name} must be an integer >= 0 (bytes), got {v!r}")
+    if v > MAX_BYTES:
+        raise ValueError(f"{name} is {v} bytes, past 2**63 - 1 (8 EiB, more than any device holds); a budget above "
+                         "none's peak keeps every activation: give that peak, or 100% where a percentage is taken")
     return int(v)
 
 
@@ -603,8 +611,7 @@ def plan_chain(chain: dict, budget_bytes: int, **kw) -> PlannerResult:
         NoPlanFits: no plan fits (the least achievable whole-step peak, and a plan reaching it).
         ValueError: a negative or non-integer budget, or as :func:`plan_for_budget`.
     """
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)) or budget_bytes < 0:
-        raise ValueError(f"budget_bytes must be an integer >= 0, got {budget_bytes!r}")
+    _check_bytes("budget_bytes", budget_bytes)
     fixed = int(chain["fixed_bytes"])
     try:
         res = plan_for_budget(chain["options_per_block"], max(0, int(budget_bytes) - fixed), chain["boundary_bytes"],
@@ -652,18 +659,24 @@ def parse_budget(text: str) -> Budget:
     m = _BUDGET.match(text) if isinstance(text, str) else None
     if m is None or m.group(2).upper() not in {*_UNITS, "%", ""}:
         raise ValueError(f"budget {text!r}: write {_BUDGET_FORMS}")
-    value, unit = float(m.group(1)), m.group(2)
-    number = str(int(value)) if value.is_integer() else f"{value:g}"  # 12000000B, not 1.2e+07B
+    exact, unit = decimal.Decimal(m.group(1)), m.group(2)
+    value = float(exact)
+    # the digits as given, less a sign and trailing zeros, never in exponent form (12000000B, 0.0000001%): the
+    # canonical text is parsed again by whoever reads it (each framework of the estimate command)
+    number = format(exact.normalize(), "f")
     if not unit:
         raise ValueError(f"budget {text!r} has no unit: write {_BUDGET_FORMS}")
     if unit == "%":
         if not 0 < value <= 100:
             raise ValueError(f"budget {text!r}: a percentage must lie in (0%, 100%] (100% is none's own peak)")
-        return Budget(f"{number}%", fraction=value / 100)
+        return Budget(f"{number}%", fraction=float(exact / 100))
     if value <= 0:
         raise ValueError(f"budget {text!r}: a budget must be above 0 bytes; write {_BUDGET_FORMS}")
-    nbytes = int(value * _UNITS[unit.upper()])
+    nbytes = int(exact * _UNITS[unit.upper()])
     if nbytes < 1:
         raise ValueError(f"budget {text!r} is under one byte")
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"budget {text!r} is past 2**63 - 1 bytes (8 EiB, more than any device holds); a budget "
+                         "of none's peak or more keeps every activation: write 100%")
     spelled = {"KIB": "KiB", "MIB": "MiB", "GIB": "GiB"}.get(unit.upper(), unit.upper())
     return Budget(f"{number}{spelled}", bytes=nbytes)

@@ -364,6 +364,9 @@ def test_time_cost_needs_every_option_timed():
 @pytest.mark.parametrize("text, fraction, nbytes, canonical", [
     ("50%", 0.5, None, "50%"), (" 12MiB ", None, 12 * 2**20, "12MiB"), ("12000000B", None, 12_000_000, "12000000B"),
     ("4kib", None, 4096, "4KiB"), ("0.5KB", None, 500, "0.5KB"),
+    # the digits as given, never in exponent form or rounded to 6 digits (each reader parses the text again)
+    ("0.0000001%", 1e-9, None, "0.0000001%"), ("1234567.5B", None, 1234567, "1234567.5B"),
+    ("2.0000001GiB", None, 2147483755, "2.0000001GiB"), ("+12.50%", 0.125, None, "12.5%"),
 ])
 def test_parse_budget_reads_percentages_and_bytes_with_a_unit(text, fraction, nbytes, canonical):
     from jaxremat.spec.planner import parse_budget
@@ -376,7 +379,7 @@ def test_parse_budget_reads_percentages_and_bytes_with_a_unit(text, fraction, nb
     ("12", r"^budget '12' has no unit: write a percentage .* \(50%\) or bytes with a unit \(12MiB, .*12000000B\)"),
     ("0.5", "has no unit"), ("-5", "has no unit"), ("-5%", r"a percentage must lie in \(0%, 100%\]"),
     ("-5MiB", "must be above 0 bytes"), ("0.5B", "under one byte"), ("12XB", "units: B, KB"),
-    ("", "write a percentage"),
+    ("", "write a percentage"), ("99999999999999999999999999GiB", r"past 2\*\*63 - 1 bytes .* write 100%"),
 ])
 def test_parse_budget_refuses_a_bare_number_and_says_to_add_a_unit(text, match):
     from jaxremat.spec.planner import parse_budget
