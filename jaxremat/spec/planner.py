@@ -661,7 +661,7 @@ def parse_budget(text: str) -> Budget:
         raise ValueError(f"budget {text!r}: write {_BUDGET_FORMS}")
     exact, unit = decimal.Decimal(m.group(1)), m.group(2)
     value = float(exact)
-    # the digits as given, less a sign and trailing zeros, never in exponent form (12000000B, 0.0000001%): the
+    # the digits as given, less a '+' and trailing zeros, never in exponent form (12000000B, 0.0000001%): the
     # canonical text is parsed again by whoever reads it (each framework of the estimate command)
     number = format(exact.normalize(), "f")
     if not unit:

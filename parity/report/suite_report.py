@@ -85,8 +85,8 @@ def prepare_out_dir(out: Path, overwrite: bool, files: tuple[str, ...] = REPORT_
     existing = [f for f in files if (out / f).exists() or (out / f).is_symlink()]
     folders = [f for f in files if f.endswith("/")]  # the suite's folders ("distributed/"); the rest are files
     if overwrite:  # a folder of the previous report goes whole (its files would mix with the new run's)
-        for f in existing:
-            if f not in folders and (out / f).is_dir():  # a report file's name taken by a folder: refused before any work
+        for f in existing:  # a report file's name taken by a folder: refused here, before any work
+            if f not in folders and (out / f).is_dir():
                 raise OutputDirError(f"{out / f} is a folder where this command writes its file {f}; --overwrite "
                                      "replaces files only: move the folder away or pass another --out")
         for f in folders:

@@ -64,9 +64,9 @@ def _budget_note(row: dict) -> str:
 
 
 TORCH_TOTAL_NOTE = "total: the step's peak; PyTorch's may be below its columns' sum (gradients appear as activations go)"
-"""The last line under a table with PyTorch rows (after the long plans' ``[k]`` lines): their total is the step's peak, which comes while the backward pass
-creates the gradients and frees the activations, so it can be less than parameters + gradients + AdamW + activation
-peak (JAX's total is that sum: docs/real-sizes.md, "What a row holds")."""
+"""The last line under a table with PyTorch rows (after the long plans' ``[k]`` lines): their total is the step's
+peak, which comes while the backward pass creates the gradients and frees the activations, so it can be less than
+parameters + gradients + AdamW + activation peak (JAX's total is that sum: docs/real-sizes.md, "What a row holds")."""
 
 
 def terminal_table(rows: Sequence[dict]) -> str:
