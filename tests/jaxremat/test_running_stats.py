@@ -116,7 +116,7 @@ def test_batch_stats_once_per_step_under_jit(name, bits):
 
 
 @pytest.mark.skipif(jax.__version_info__ < (0, 12, 1) or not _X86,
-                    reason="JAX <= 0.12.0.1 is bitwise with FMA (the test above); --xla_cpu_max_isa=AVX is x86's")
+                    reason="JAX before 0.12.1 is bitwise with FMA (the test above); --xla_cpu_max_isa=AVX is x86's")
 def test_one_thread_jax_0_12_1_is_bitwise_without_fma():
     """The same jit runs as above, in a process whose XLA:CPU has one Eigen thread and no FMA (AVX at most)."""
     code = ("import importlib.util, sys, numpy as np, jax\n"
